@@ -1,0 +1,43 @@
+"""Fail when Redis or PostgreSQL tests were skipped, or when none ran although some exist.
+
+Reads the JUnit XML that pytest wrote.  A test counts as a service test when
+its name or class names the service (``redis`` / ``postgres``) or when its skip
+message does.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+
+SERVICES = {"redis": ("redis",), "postgres": ("postgres", "psycopg", "pg_")}
+
+
+def main(path: str) -> int:
+    root = ET.parse(path).getroot()
+    cases = list(root.iter("testcase"))
+    if not cases:
+        print("CI: the JUnit report lists no tests.", file=sys.stderr)
+        return 1
+    failed = False
+    for service, needles in SERVICES.items():
+        ran = skipped = 0
+        for case in cases:
+            name = f"{case.get('classname', '')}::{case.get('name', '')}".lower()
+            skip = case.find("skipped")
+            message = (skip.get("message", "") if skip is not None else "").lower()
+            if not any(n in name or n in message for n in needles):
+                continue
+            if skip is not None:
+                skipped += 1
+                print(f"CI: {service} test skipped: {name}: {message}", file=sys.stderr)
+            else:
+                ran += 1
+        print(f"CI: {service} tests run: {ran}, skipped: {skipped}")
+        if skipped:
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

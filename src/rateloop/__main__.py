@@ -1,0 +1,5 @@
+"""``python -m rateloop``."""
+
+from rateloop.cli import main
+
+main()

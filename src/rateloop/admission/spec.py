@@ -1,0 +1,162 @@
+"""The configured limits of one scope key, validated when they load.
+
+In a policy file::
+
+    [limits."openai:gpt-5:proj-1"]
+    requests_per_minute = 500
+    input_tokens_per_minute = 200_000
+    output_tokens_per_minute = 40_000
+    requests_per_day = 10_000
+    day_window = "fixed"          # or "rolling"
+    day_resets_at = "00:00"       # UTC, for the fixed window
+    concurrency = 8
+    lease_ttl_secs = 600
+    burst = 1.0                   # fraction of a minute's allowance usable at once
+    reserve = 0.1                 # fraction kept back from each lower priority class
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from difflib import get_close_matches
+from typing import Any, Literal
+
+from rateloop.errors import ConfigError
+
+__all__ = ["LimitSpec"]
+
+_RATE_KEYS = (
+    "requests_per_minute",
+    "input_tokens_per_minute",
+    "output_tokens_per_minute",
+    "tokens_per_minute",
+    "requests_per_day",
+    "concurrency",
+)
+_HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitSpec:
+    """Limits of one scope; ``None`` means that dimension is not limited."""
+
+    requests_per_minute: int | None = None
+    input_tokens_per_minute: int | None = None
+    output_tokens_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    requests_per_day: int | None = None
+    day_window: Literal["fixed", "rolling"] = "fixed"
+    day_resets_at: str = "00:00"
+    concurrency: int | None = None
+    lease_ttl_secs: float = 600.0
+    burst: float = 1.0
+    reserve: float = 0.0
+
+    def __post_init__(self) -> None:
+        errors = _validate(self, source=None, prefix="")
+        if errors:
+            raise ConfigError.many(errors)
+
+    @property
+    def empty(self) -> bool:
+        """True when no dimension is limited."""
+        return all(getattr(self, k) is None for k in _RATE_KEYS)
+
+    @property
+    def day_reset_minute(self) -> int:
+        """Minutes after 00:00 UTC at which the fixed day window resets."""
+        hh, mm = self.day_resets_at.split(":")
+        return int(hh) * 60 + int(mm)
+
+    @classmethod
+    def from_mapping(
+        cls, data: Mapping[str, Any], *, source: str | None = None, key: str = ""
+    ) -> LimitSpec:
+        """Build and validate a spec; errors name ``source``, ``key.field`` and the value."""
+        prefix = f"{key}." if key else ""
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"must be a table of limits, got {data!r}",
+                source=source,
+                key=key or None,
+                value=data,
+                allowed="a table such as {requests_per_minute = 500}",
+            )
+        known = [f.name for f in fields(cls)]
+        errors: list[ConfigError] = []
+        for name in data:
+            if name not in known:
+                hint = get_close_matches(str(name), known, n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else ""
+                errors.append(
+                    ConfigError(
+                        f"unknown key {name!r}{did}",
+                        source=source,
+                        key=f"{prefix}{name}",
+                        value=data[name],
+                        allowed=", ".join(known),
+                    )
+                )
+        if errors:
+            raise ConfigError.many(errors)
+        try:
+            return cls(**dict(data))
+        except ConfigError as exc:
+            for err in exc.errors:
+                err.source = source
+                err.key = f"{prefix}{err.key}" if err.key else key
+            raise ConfigError.many(
+                [
+                    ConfigError(e.detail, source=source, key=e.key, value=e.value, allowed=e.allowed)
+                    for e in exc.errors
+                ]
+            ) from None
+
+
+def _validate(spec: LimitSpec, *, source: str | None, prefix: str) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+
+    def bad(name: str, value: object, allowed: str) -> None:
+        errors.append(
+            ConfigError(
+                f"invalid value {value!r}",
+                source=source,
+                key=f"{prefix}{name}",
+                value=value,
+                allowed=allowed,
+            )
+        )
+
+    for name in _RATE_KEYS:
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            bad(name, value, "an integer >= 1, or leave it unset for no limit")
+    if spec.day_window not in ("fixed", "rolling"):
+        bad("day_window", spec.day_window, "'fixed' or 'rolling'")
+    if not isinstance(spec.day_resets_at, str) or not _HHMM.match(spec.day_resets_at):
+        bad("day_resets_at", spec.day_resets_at, "a UTC time 'HH:MM', e.g. '00:00'")
+    ttl = spec.lease_ttl_secs
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 1 <= ttl <= 86_400:
+        bad("lease_ttl_secs", ttl, "a number of seconds from 1 to 86400")
+    burst = spec.burst
+    if (
+        isinstance(burst, bool)
+        or not isinstance(burst, int | float)
+        or math.isnan(burst)
+        or not 0 < burst <= 1
+    ):
+        bad("burst", burst, "a fraction 0 < burst <= 1")
+    reserve = spec.reserve
+    if (
+        isinstance(reserve, bool)
+        or not isinstance(reserve, int | float)
+        or math.isnan(reserve)
+        or not 0 <= reserve < 0.5
+    ):
+        bad("reserve", reserve, "a fraction 0 <= reserve < 0.5")
+    return errors

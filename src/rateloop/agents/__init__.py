@@ -1,0 +1,1 @@
+"""The CLI-agent step runner."""

@@ -1,0 +1,1 @@
+"""Read: classify provider refusals."""

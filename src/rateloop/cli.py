@@ -1,0 +1,50 @@
+"""The ``rateloop`` command line.
+
+Each area registers its own commands (``classify``, ``config``, ``run``); this
+module only assembles them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from rateloop import __version__
+from rateloop.agents.cli import register as _register_run
+from rateloop.classify.cli import register as _register_classify
+from rateloop.config_cli import register as _register_config
+
+app = typer.Typer(
+    name="rateloop",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Keep AI agents working when providers push back: Read, Admit, Time, Exit.",
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rateloop {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and exit.",
+        callback=_show_version,
+        is_eager=True,
+    ),
+) -> None:
+    """Keep AI agents working when providers push back."""
+
+
+_register_classify(app)
+_register_config(app)
+_register_run(app)
+
+
+def main() -> None:
+    """Entry point of the ``rateloop`` console script."""
+    app(prog_name="rateloop")

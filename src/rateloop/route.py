@@ -1,0 +1,102 @@
+"""Where a call goes (:class:`Route`) and what it will spend (:class:`Cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Cost", "Route"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    """A provider, a model, and the scope the provider really limits.
+
+    The scope key is ``provider:model[:project[:tenant]]``.  A call on a route
+    is admitted only when every scope in :attr:`scopes` admits it.
+
+    ``context_window``, ``tags`` (data classes the route may carry, e.g.
+    ``"pii"``) and the per-million-token prices feed the checks a fallback
+    must pass.
+    """
+
+    provider: str
+    model: str
+    project: str | None = None
+    tenant: str | None = None
+    context_window: int | None = None
+    tags: frozenset[str] = field(default=frozenset())
+    input_price_per_mtok: float | None = None
+    output_price_per_mtok: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("provider", "model"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or ":" in value:
+                raise ValueError(
+                    f"Route.{name} must be a non-empty string without ':', got {value!r}"
+                )
+        if not isinstance(self.tags, frozenset):
+            object.__setattr__(self, "tags", frozenset(self.tags))
+
+    @property
+    def scope(self) -> str:
+        """The most specific scope key of this route."""
+        return self.scopes[-1]
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        """Every scope this route belongs to, broadest first.
+
+        ``Route("openai", "gpt-5", project="proj-1", tenant="tenant-7").scopes``
+        is ``("openai:gpt-5", "openai:gpt-5:proj-1", "openai:gpt-5:proj-1:tenant-7")``.
+        """
+        keys = [f"{self.provider}:{self.model}"]
+        if self.project is not None:
+            keys.append(f"{keys[-1]}:{self.project}")
+            if self.tenant is not None:
+                keys.append(f"{keys[-1]}:{self.tenant}")
+        return tuple(keys)
+
+    def with_model(self, model: str) -> Route:
+        """The same route, on another model."""
+        return Route(
+            provider=self.provider,
+            model=model,
+            project=self.project,
+            tenant=self.tenant,
+            context_window=self.context_window,
+            tags=self.tags,
+            input_price_per_mtok=self.input_price_per_mtok,
+            output_price_per_mtok=self.output_price_per_mtok,
+        )
+
+    def estimated_cost_usd(self, cost: Cost) -> float | None:
+        """The worst-case price of ``cost`` on this route, if prices are known."""
+        if self.input_price_per_mtok is None and self.output_price_per_mtok is None:
+            return None
+        return (
+            cost.input_tokens * (self.input_price_per_mtok or 0.0)
+            + cost.output_tokens * (self.output_price_per_mtok or 0.0)
+        ) / 1_000_000
+
+    def __str__(self) -> str:
+        return self.scope
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cost:
+    """What a call will spend: requests, estimated input tokens, max output tokens."""
+
+    requests: int = 1
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "input_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Cost.{name} must be an int >= 0, got {value!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
