@@ -1,0 +1,206 @@
+"""Budgets: how many attempts and how much waiting one call, and one run, may spend.
+
+Two budgets bound every retry loop:
+
+* :class:`CallBudget` — one call's attempts (the first attempt counts) and
+  its recovery time.  The recovery clock starts at the FIRST refusal, not at
+  the start of the call: a call that worked for ten minutes and is then
+  throttled still gets its whole recovery budget.  Time spent inside later
+  attempts counts against it too, so the budget bounds the wall time from
+  the first refusal to giving up.  Optional ``deadline`` and
+  ``max_wait_secs`` (measured from ``started_at``) bound it further.
+* :class:`RunBudget` — the attempts of every call of one task together.  A
+  per-step counter reset after each success would otherwise allow unbounded
+  attempts over a long run; each :meth:`CallBudget.record_attempt` also
+  spends from the shared run budget, and is refused when it is empty.
+
+Both are sans-IO: every time is a monotonic reading passed in by the driver.
+
+The attempt ledger, which counts attempts by layer (rateloop's loop, retries
+inside an SDK, queue redeliveries), lives in :mod:`rateloop.outcome` as
+:class:`~rateloop.outcome.AttemptLedger` (running, thread-safe) and
+:class:`~rateloop.outcome.Attempts` (a frozen snapshot with
+``provider_requests``); it is re-exported here for convenience.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from rateloop.outcome import AttemptLedger, Attempts
+
+__all__ = ["AttemptLedger", "Attempts", "CallBudget", "RunBudget"]
+
+
+def _positive_int(owner: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner} {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _seconds(owner: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{owner} {name} must be a number of seconds, got {value!r}")
+    return float(value)
+
+
+def _optional_seconds(owner: str, name: str, value: object) -> float | None:
+    return None if value is None else _seconds(owner, name, value)
+
+
+class RunBudget:
+    """Attempts shared by all calls of one task; safe to share between threads.
+
+    >>> run = RunBudget(3)
+    >>> [run.try_spend() for _ in range(4)]
+    [True, True, True, False]
+    >>> run.used, run.remaining
+    (3, 0)
+    """
+
+    __slots__ = ("_lock", "_used", "max_attempts")
+
+    def __init__(self, max_attempts: int) -> None:
+        self.max_attempts = _positive_int("RunBudget", "max_attempts", max_attempts)
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def try_spend(self, n: int = 1) -> bool:
+        """Spend ``n`` attempts, all or none; False when fewer than ``n`` remain."""
+        _positive_int("RunBudget.try_spend", "n", n)
+        with self._lock:
+            if self._used + n > self.max_attempts:
+                return False
+            self._used += n
+            return True
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def remaining(self) -> int:
+        return self.max_attempts - self._used
+
+    @property
+    def exhausted(self) -> bool:
+        return self._used >= self.max_attempts
+
+    def __repr__(self) -> str:
+        return f"RunBudget(used={self._used}, max_attempts={self.max_attempts})"
+
+
+class CallBudget:
+    """The attempt and time budget of one call (sans-IO: pass the time in).
+
+    Not meant to be shared between threads: one call is driven by one loop.
+    Share a :class:`RunBudget` instead.
+    """
+
+    __slots__ = (
+        "_attempts",
+        "_first_refusal_at",
+        "deadline",
+        "max_attempts",
+        "max_wait_secs",
+        "recovery_budget_secs",
+        "run",
+        "started_at",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int,
+        recovery_budget_secs: float,
+        started_at: float,
+        deadline: float | None = None,
+        max_wait_secs: float | None = None,
+        run: RunBudget | None = None,
+    ) -> None:
+        self.max_attempts = _positive_int("CallBudget", "max_attempts", max_attempts)
+        recovery = _seconds("CallBudget", "recovery_budget_secs", recovery_budget_secs)
+        if recovery < 0:
+            raise ValueError(f"CallBudget recovery_budget_secs must be >= 0, got {recovery!r}")
+        self.recovery_budget_secs = recovery
+        self.started_at = _seconds("CallBudget", "started_at", started_at)
+        self.deadline = _optional_seconds("CallBudget", "deadline", deadline)
+        self.max_wait_secs = _optional_seconds("CallBudget", "max_wait_secs", max_wait_secs)
+        if run is not None and not isinstance(run, RunBudget):
+            raise ValueError(f"CallBudget run must be a RunBudget or None, got {run!r}")
+        self.run = run
+        self._attempts = 0
+        self._first_refusal_at: float | None = None
+
+    # -- attempts --------------------------------------------------------
+
+    @property
+    def attempts(self) -> int:
+        """Attempts recorded by this call, the first one included."""
+        return self._attempts
+
+    def can_attempt(self) -> bool:
+        """True when this call and its run both have an attempt left."""
+        if self._attempts >= self.max_attempts:
+            return False
+        return self.run is None or not self.run.exhausted
+
+    def record_attempt(self) -> bool:
+        """Count one attempt, spending it from the run budget; False if refused."""
+        if self._attempts >= self.max_attempts:
+            return False
+        if self.run is not None and not self.run.try_spend():
+            return False
+        self._attempts += 1
+        return True
+
+    # -- time ------------------------------------------------------------
+
+    @property
+    def first_refusal_at(self) -> float | None:
+        """When the recovery clock started (None until the first refusal)."""
+        return self._first_refusal_at
+
+    def record_refusal(self, now: float) -> None:
+        """Note a refusal; the first one starts the recovery clock."""
+        if self._first_refusal_at is None:
+            self._first_refusal_at = _seconds("CallBudget", "now", now)
+
+    def time_left(self, now: float) -> float | None:
+        """Seconds left before a bound is reached (may be negative); None if unbounded."""
+        bounds: list[float] = []
+        if self._first_refusal_at is not None:
+            bounds.append(self.recovery_budget_secs - (now - self._first_refusal_at))
+        if self.deadline is not None:
+            bounds.append(self.deadline - now)
+        if self.max_wait_secs is not None:
+            bounds.append(self.max_wait_secs - (now - self.started_at))
+        return min(bounds) if bounds else None
+
+    def fits(self, now: float, wait: float) -> bool:
+        """True when waiting ``wait`` seconds from ``now`` stays within every bound."""
+        left = self.time_left(now)
+        return left is None or wait <= left
+
+    def reset_step(self) -> None:
+        """Start a new step after a success: own attempts and recovery clock restart.
+
+        The run budget is not refunded, so resetting after every success
+        never allows more attempts than the run budget.
+        """
+        self._attempts = 0
+        self._first_refusal_at = None
+
+    def __repr__(self) -> str:
+        parts = [f"attempts={self._attempts}/{self.max_attempts}"]
+        parts.append(f"recovery_budget_secs={self.recovery_budget_secs:g}")
+        if self._first_refusal_at is not None:
+            parts.append(f"first_refusal_at={self._first_refusal_at:g}")
+        if self.deadline is not None:
+            parts.append(f"deadline={self.deadline:g}")
+        if self.max_wait_secs is not None:
+            parts.append(f"max_wait_secs={self.max_wait_secs:g}")
+        if self.run is not None:
+            parts.append(repr(self.run))
+        return f"CallBudget({', '.join(parts)})"
