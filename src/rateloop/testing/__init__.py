@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["FakeClock"]
+from rateloop.testing.faults import FaultScript
+
+__all__ = ["FakeClock", "FaultScript"]
 
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,0 +1,322 @@
+"""The sans-IO decider of the RATE loop.
+
+How it works: after every attempt the driver classifies what came back into
+a :class:`~rateloop.signal.LimitSignal` and asks :func:`decide` what to do,
+passing the loop's :class:`LoopState`, the policy and the monotonic time.
+``decide`` reads and returns values only; it never sleeps, calls or reads a
+clock.  It answers with one of four decisions:
+
+- :class:`Proceed` — attempt now, on this route (the first attempt, or a
+  retry whose wait has already been served);
+- :class:`Wait` — wait ``seconds``, then retry the same route;
+- :class:`FallBack` — wait ``wait`` seconds by the backoff, then try the next
+  eligible route of the chain;
+- :class:`Stop` — end the call with an explicit :class:`~rateloop.outcome.Status`.
+
+The rules, in order:
+
+1. ``ok`` ends the call: ``completed`` on the primary, ``degraded`` on a fallback.
+2. ``period_quota`` and ``spend`` never retry the same route.  They may move
+   to a fallback on *another provider*; otherwise ``waiting_for_reset``
+   (period quota, with ``retry_at``) or ``needs_operator`` (spend).
+3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
+   ``invalid``, ``needs_operator`` (permission), or ``failed_retry_exhausted``
+   with a reason saying it was not retried.
+4. A kind inside the scope is retried while the attempt budget lasts: on the
+   same route while it has attempts left (``attempts_per_route``), else on
+   the next eligible route.  A server minimum (Retry-After, reset header) is a
+   floor on a same-route wait; when it does not fit the pause limit, the
+   recovery budget or the deadline, the call stops ``waiting_for_capacity``
+   with the time to retry at, without sleeping.  A backoff wait of our own
+   that does not fit is shortened to the time that is left; with no time
+   left the call is ``failed_retry_exhausted``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from rateloop.budget import CallBudget
+from rateloop.fallback import check_route
+from rateloop.outcome import Status
+from rateloop.policy import Policy
+from rateloop.route import Cost, Route
+from rateloop.signal import Kind, LimitSignal
+from rateloop.timing import Backoff, plan_wait
+
+__all__ = [
+    "TRIGGER_SCOPES",
+    "Decision",
+    "FallBack",
+    "LoopState",
+    "Proceed",
+    "Stop",
+    "Wait",
+    "decide",
+    "in_trigger_scope",
+]
+
+#: Which kinds each ``trigger_scope`` acts on (retry or fall back).
+TRIGGER_SCOPES: dict[str, frozenset[Kind]] = {
+    "rate-limit": frozenset({Kind.TEMPORARY, Kind.OVERLOAD}),
+    "transient": frozenset({Kind.TEMPORARY, Kind.OVERLOAD, Kind.SERVER_ERROR, Kind.NETWORK}),
+    "all": frozenset(set(Kind) - {Kind.OK, Kind.PERIOD_QUOTA, Kind.SPEND}),
+}
+
+Skips = tuple[tuple[Route, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """Attempt now on ``route``."""
+
+    route: Route
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait ``seconds``, then retry ``route`` (the same route)."""
+
+    seconds: float
+    reason: str
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class FallBack:
+    """Wait ``wait`` seconds, then move to ``route`` (chain position ``index``)."""
+
+    route: Route
+    wait: float
+    reason: str
+    index: int
+    skipped: Skips = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the call.  ``retry_at`` / ``retry_in`` say when it may be worth trying again."""
+
+    status: Status
+    reason: str
+    retry_at: datetime | None = None
+    retry_in: float | None = None
+    skipped: Skips = ()
+
+
+Decision = Proceed | Wait | FallBack | Stop
+
+
+@dataclass(slots=True, kw_only=True)
+class LoopState:
+    """Everything the decider needs to know about one call in flight.
+
+    ``epoch`` pairs a monotonic reading with the wall-clock time at that
+    reading, so the decider can turn monotonic instants into datetimes without
+    reading a clock.
+    """
+
+    chain: tuple[Route, ...]
+    budget: CallBudget
+    backoff: Backoff
+    epoch: tuple[float, datetime]
+    cost: Cost = field(default_factory=Cost)
+    data_class: str | None = None
+    index: int = 0
+    route_attempts: int = 0
+    waits: int = 0
+    previous_wait: float | None = None
+    limited_route: Route | None = None
+    spent_providers: set[str] = field(default_factory=set)
+
+    @property
+    def route(self) -> Route:
+        return self.chain[self.index]
+
+    def wall(self, now: float) -> datetime:
+        mono0, wall0 = self.epoch
+        return wall0 + timedelta(seconds=now - mono0)
+
+
+def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
+    """True when ``trigger_scope`` retries (or falls back on) ``kind``."""
+    try:
+        return kind in TRIGGER_SCOPES[trigger_scope]
+    except KeyError:
+        allowed = ", ".join(TRIGGER_SCOPES)
+        raise ValueError(f"unknown trigger_scope {trigger_scope!r} (allowed: {allowed})") from None
+
+
+def decide(state: LoopState, signal: LimitSignal, policy: Policy, now: float) -> Decision:
+    """What to do after an attempt on ``state.route`` returned ``signal``."""
+    route = state.route
+    kind = signal.kind
+    if kind is Kind.OK:
+        if state.index == 0:
+            return Stop(Status.COMPLETED, f"completed on {route.scope}")
+        limited = state.limited_route or state.chain[0]
+        return Stop(
+            Status.DEGRADED,
+            f"Primary model {limited.model} was rate-limited — completed with {route.model}",
+        )
+
+    if kind in (Kind.PERIOD_QUOTA, Kind.SPEND):
+        exclude = {route.provider, *state.spent_providers}
+        if state.budget.can_attempt():
+            found = _next_route(state, policy, exclude_providers=exclude)
+            if isinstance(found, FallBack):
+                return _fit_fallback(state, policy, now, found, signal)
+            skipped = found
+        else:
+            skipped = ()
+        return _stop_for(state, signal, now, skipped=skipped)
+
+    if not in_trigger_scope(kind, policy.trigger_scope):
+        return _stop_for(state, signal, now)
+
+    if not state.budget.can_attempt():
+        return _exhausted(state, signal, f"all {state.budget.attempts} attempts used")
+
+    per_route = policy.attempts_per_route
+    if per_route is None or state.route_attempts < per_route:
+        return _wait_same_route(state, signal, policy, now)
+
+    found = _next_route(state, policy, exclude_providers=state.spent_providers)
+    if isinstance(found, FallBack):
+        return _fit_fallback(state, policy, now, found, signal)
+    return _exhausted(
+        state,
+        signal,
+        f"every route of the chain was tried ({len(state.chain)} routes)",
+        skipped=found,
+    )
+
+
+def _wait_same_route(
+    state: LoopState, signal: LimitSignal, policy: Policy, now: float
+) -> Decision:
+    minimum = signal.retry_after if signal.retry_after else None
+    time_left = state.budget.time_left(now)
+    plan = plan_wait(
+        state.backoff,
+        state.waits + 1,
+        server_minimum=minimum,
+        pause_limit=policy.pause_limit_secs,
+        time_left=time_left,
+        previous=state.previous_wait,
+    )
+    what = signal.kind.value
+    if plan.fits:
+        source = f"server asked for {minimum:g}s" if minimum else "backoff"
+        return Wait(plan.seconds, f"{what} on {state.route.scope}; {source}", state.route)
+    if minimum is not None:
+        return Stop(
+            Status.WAITING_FOR_CAPACITY,
+            plan.reason or f"the server's wait of {minimum:g}s does not fit",
+            retry_in=minimum,
+        )
+    return _shortened_or_spent(state, signal, time_left, state.route)
+
+
+def _fit_fallback(
+    state: LoopState, policy: Policy, now: float, found: FallBack, signal: LimitSignal
+) -> Decision:
+    time_left = state.budget.time_left(now)
+    plan = plan_wait(
+        state.backoff,
+        state.waits + 1,
+        server_minimum=None,
+        pause_limit=policy.pause_limit_secs,
+        time_left=time_left,
+        previous=state.previous_wait,
+    )
+    reason = f"{signal.kind.value} on {state.route.scope}; falling back to {found.route.scope}"
+    if plan.fits:
+        return FallBack(found.route, plan.seconds, reason, found.index, found.skipped)
+    shortened = _shortened_or_spent(state, signal, time_left, found.route)
+    if isinstance(shortened, Wait):
+        return FallBack(found.route, shortened.seconds, reason, found.index, found.skipped)
+    return Stop(shortened.status, shortened.reason, skipped=found.skipped)
+
+
+def _shortened_or_spent(
+    state: LoopState, signal: LimitSignal, time_left: float | None, route: Route
+) -> Wait | Stop:
+    """Our own backoff does not fit: shorten it to what is left, or stop."""
+    if time_left is not None and time_left > 0:
+        return Wait(time_left, f"backoff shortened to the {time_left:g}s left", route)
+    return _exhausted(state, signal, "the time budget is spent")
+
+
+def _next_route(
+    state: LoopState, policy: Policy, *, exclude_providers: Collection[str]
+) -> FallBack | Skips:
+    """The next eligible route after the current one, or the skips that left none."""
+    fb = policy.fallback
+    skipped: list[tuple[Route, str]] = []
+    for index in range(state.index + 1, len(state.chain)):
+        candidate = state.chain[index]
+        why = check_route(
+            candidate,
+            cost=state.cost,
+            allowed_providers=fb.allowed_providers,
+            data_class=state.data_class if state.data_class is not None else fb.data_class,
+            max_cost_usd=fb.max_cost_usd,
+            exclude_providers=exclude_providers,
+        )
+        if why is None:
+            return FallBack(candidate, 0.0, "", index, tuple(skipped))
+        skipped.append((candidate, why))
+    return tuple(skipped)
+
+
+def _exhausted(
+    state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()
+) -> Stop:
+    return Stop(
+        Status.FAILED_RETRY_EXHAUSTED,
+        f"{signal.kind.value} persisted on {state.route.scope}: {why}",
+        skipped=skipped,
+    )
+
+
+def _stop_for(
+    state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()
+) -> Stop:
+    """The terminal status for a signal the loop will not retry."""
+    kind = signal.kind
+    scope = state.route.scope
+    if kind is Kind.PERIOD_QUOTA:
+        retry_at = signal.reset_at
+        if retry_at is None and signal.retry_after is not None:
+            retry_at = state.wall(now) + timedelta(seconds=signal.retry_after)
+        if retry_at is None:
+            retry_at = _next_utc_midnight(state.wall(now))
+        return Stop(
+            Status.WAITING_FOR_RESET,
+            f"period quota exhausted on {scope}; resets at {retry_at.isoformat()}",
+            retry_at=retry_at,
+            skipped=skipped,
+        )
+    if kind is Kind.SPEND:
+        return Stop(
+            Status.NEEDS_OPERATOR,
+            f"spend or billing limit on {scope}: add credit or raise the cap",
+            skipped=skipped,
+        )
+    if kind is Kind.PERMISSION:
+        return Stop(Status.NEEDS_OPERATOR, f"permission refused on {scope} (status {signal.status})")
+    if kind is Kind.INVALID:
+        return Stop(Status.INVALID, f"the request was refused as invalid (status {signal.status})")
+    return Stop(
+        Status.FAILED_RETRY_EXHAUSTED,
+        f"{kind.value} on {scope} is outside trigger_scope; not retried",
+    )
+
+
+def _next_utc_midnight(at: datetime) -> datetime:
+    at = at.astimezone(UTC)
+    return datetime(at.year, at.month, at.day, tzinfo=UTC) + timedelta(days=1)

@@ -1,0 +1,1 @@
+"""Integrations where users already are: SDK clients, httpx transports."""

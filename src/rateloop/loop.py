@@ -1,0 +1,695 @@
+"""The RATE loop drivers: :class:`RateLoop` (sync) and :class:`AsyncRateLoop` (asyncio).
+
+How it works: one generator, :func:`_drive`, holds the whole algorithm of a
+call — admit, attempt, classify, decide, wait, fall back, settle, record.  It
+never does I/O itself.  Whenever it needs the outside world it *yields an
+effect* (``_Admit``, ``_Call``, ``_Sleep``, ``_Limiter``, ``_Check``) and
+receives the result.  :class:`RateLoop` carries the effects out with blocking
+calls, :class:`AsyncRateLoop` with ``await``; that is the only difference
+between the twins (the pattern of httpx's ``auth_flow``).  The decisions
+themselves come from the sans-IO :func:`rateloop.decision.decide`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, ParamSpec, TypeVar, cast
+
+from rateloop._clock import Clock, system_clock
+from rateloop.budget import CallBudget, RunBudget
+from rateloop.classify import classify_exception, classify_response
+from rateloop.decision import FallBack, LoopState, Stop, Wait, decide
+from rateloop.errors import RateLimitExhausted
+from rateloop.events import CapacityEvent, DecisionKind, EventSink
+from rateloop.fallback import build_chain
+from rateloop.outcome import AttemptLedger, Outcome, Status
+from rateloop.policy import Policy
+from rateloop.route import Cost, Route
+from rateloop.signal import Kind, LimitSignal
+from rateloop.writes import WriteOutcome, is_ambiguous_failure, normalize_write_outcome
+
+__all__ = ["AsyncRateLoop", "RateLoop"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Priority = Literal["interactive", "scheduled", "background"]
+Classifier = Callable[[BaseException], LimitSignal]
+
+
+# --- effects: what the generator asks its driver to do -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Admit:
+    route: Route
+    cost: Cost
+    priority: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Limiter:
+    """Call ``method`` (sync) or ``a<method>`` (async) on ``target`` with ``args``."""
+
+    target: Any
+    method: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class _Returned:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: BaseException
+
+
+_Effect = _Admit | _Call | _Sleep | _Limiter | _Check
+_Flow = Generator[_Effect, Any, Outcome]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _CallSpec:
+    """One call's arguments, as the generator sees them."""
+
+    route: Route
+    fallbacks: tuple[Route, ...]
+    cost: Cost
+    operation: str
+    idempotent: bool
+    has_check: bool
+    deadline: datetime | None
+    priority: str
+    data_class: str | None
+    task_id: str | None
+
+
+# --- the shared base -------------------------------------------------------------
+
+
+class _BaseRateLoop:
+    """Configuration and the algorithm shared by both drivers."""
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        limiter: Any = None,
+        clock: Clock | None = None,
+        sinks: Sequence[EventSink] = (),
+        classify: Classifier | None = None,
+        run_budget: RunBudget | None = None,
+        run_id: str | None = None,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        self.policy = policy if policy is not None else Policy()
+        self.limiter = limiter
+        self.clock = clock if clock is not None else system_clock
+        self.sinks = tuple(sinks)
+        self.classify = classify
+        self.run_budget = run_budget
+        self.run_id = run_id
+        self._rng = rng
+
+    def __repr__(self) -> str:
+        limiter = type(self.limiter).__name__ if self.limiter is not None else None
+        return f"{type(self).__name__}(policy=..., limiter={limiter}, clock={self.clock!r})"
+
+    def _spec(
+        self,
+        *,
+        route: Route,
+        cost: Cost | None,
+        operation: str,
+        idempotent: bool,
+        outcome_check: object,
+        deadline: datetime | float | None,
+        fallbacks: Sequence[Route] | None,
+        priority: str,
+        data_class: str | None,
+        task_id: str | None,
+    ) -> _CallSpec:
+        if not isinstance(route, Route):
+            raise TypeError(f"route must be a rateloop.Route, got {route!r}")
+        if priority not in ("interactive", "scheduled", "background"):
+            raise ValueError(
+                f"priority must be 'interactive', 'scheduled' or 'background', got {priority!r}"
+            )
+        if fallbacks is None:
+            fallbacks = self.policy.fallback.routes
+        if isinstance(deadline, int | float) and not isinstance(deadline, bool):
+            deadline = self.clock.now() + timedelta(seconds=float(deadline))
+        elif deadline is not None and (
+            not isinstance(deadline, datetime) or deadline.tzinfo is None
+        ):
+            raise ValueError(
+                f"deadline must be an aware datetime or seconds from now, got {deadline!r}"
+            )
+        return _CallSpec(
+            route=route,
+            fallbacks=tuple(fallbacks),
+            cost=cost if cost is not None else Cost(),
+            operation=operation,
+            idempotent=idempotent,
+            has_check=outcome_check is not None,
+            deadline=deadline,
+            priority=priority,
+            data_class=data_class,
+            task_id=task_id,
+        )
+
+    def _emit(self, event: CapacityEvent) -> None:
+        for sink in self.sinks:
+            sink(event)
+
+    def _signal_of(self, result: _Returned | _Raised) -> LimitSignal:
+        now = self.clock.now()
+        if isinstance(result, _Raised):
+            if self.classify is not None:
+                return self.classify(result.error)
+            return classify_exception(result.error, now=now)
+        value = result.value
+        status = getattr(value, "status_code", None)
+        if isinstance(status, int) and not isinstance(status, bool):
+            return classify_response(value, now=now)
+        return LimitSignal.of(Kind.OK)
+
+    def _drive(self, spec: _CallSpec) -> _Flow:  # noqa: C901 - the loop, in one place
+        """The RATE loop for one call, as a generator of effects."""
+        clock, policy = self.clock, self.policy
+        start = clock.monotonic()
+        wall0 = clock.now()
+        deadline_mono = (
+            start + (spec.deadline - wall0).total_seconds() if spec.deadline is not None else None
+        )
+        budget = CallBudget(
+            max_attempts=policy.max_attempts,
+            recovery_budget_secs=policy.recovery_budget_secs,
+            started_at=start,
+            deadline=deadline_mono,
+            max_wait_secs=policy.max_wait_secs,
+            run=self.run_budget,
+        )
+        state = LoopState(
+            chain=build_chain(spec.route, spec.fallbacks),
+            budget=budget,
+            backoff=policy.backoff(rng=self._rng),
+            epoch=(start, wall0),
+            cost=spec.cost,
+            data_class=spec.data_class,
+        )
+        ledger = AttemptLedger()
+        events: list[CapacityEvent] = []
+        signal: LimitSignal | None = None
+        controlled_retry_used = False
+
+        def emit(kind: DecisionKind, **fields: Any) -> None:
+            sig = fields.pop("signal", signal)
+            route = fields.pop("route", state.route)
+            event = CapacityEvent(
+                decision=kind,
+                operation=spec.operation,
+                task_id=spec.task_id,
+                run_id=self.run_id,
+                provider=route.provider,
+                model=route.model,
+                scope=route.scope,
+                signal_kind=sig.kind.value if sig is not None else None,
+                http_status=sig.status if sig is not None else None,
+                provider_code=sig.code if sig is not None else None,
+                request_id=sig.request_id if sig is not None else None,
+                retry_after_seconds=sig.retry_after if sig is not None else None,
+                reset_at=sig.reset_at if sig is not None else None,
+                attempt=ledger.loop,
+                sdk_attempts=ledger.sdk,
+                deadline=spec.deadline,
+                **fields,
+            )
+            events.append(event)
+            self._emit(event)
+
+        def finish(
+            status: Status,
+            reason: str,
+            *,
+            value: Any = None,
+            retry_at: datetime | None = None,
+        ) -> Outcome:
+            succeeded = status.succeeded
+            if not succeeded or ledger.loop > 1:
+                emit(
+                    DecisionKind.SUCCESS_AFTER_RETRY if succeeded else DecisionKind.STOP,
+                    status=status.value,
+                    reason=reason,
+                    next_attempt_at=retry_at,
+                )
+            return Outcome(
+                status=status,
+                reason=reason,
+                value=value,
+                attempts=ledger.snapshot(),
+                route=state.route,
+                limited_route=state.limited_route if status is Status.DEGRADED else None,
+                retry_at=retry_at,
+                signal=signal,
+                events=tuple(events),
+            )
+
+        def wait_for(seconds: float, kind: DecisionKind, route: Route, reason: str) -> _Sleep:
+            emit(
+                kind,
+                route=route,
+                wait_seconds=seconds,
+                next_attempt_at=clock.now() + timedelta(seconds=seconds),
+                reason=reason,
+            )
+            return _Sleep(seconds)
+
+        while True:
+            route = state.route
+
+            # Admit: reserve capacity on the route before the attempt.
+            reservation = None
+            if self.limiter is not None:
+                while True:
+                    granted = yield _Admit(route, spec.cost, spec.priority)
+                    retry_after = getattr(granted, "retry_after", None)
+                    if retry_after is None:
+                        reservation = granted
+                        break
+                    if getattr(granted, "never_fits", False):
+                        return finish(
+                            Status.REJECTED,
+                            f"admission refused on {route.scope}: {granted.reason}",
+                        )
+                    now = clock.monotonic()
+                    budget.record_refusal(now)
+                    time_left = budget.time_left(now)
+                    if retry_after > policy.pause_limit_secs or (
+                        time_left is not None and retry_after > time_left
+                    ):
+                        retry_at = clock.now() + timedelta(seconds=retry_after)
+                        return finish(
+                            Status.WAITING_FOR_CAPACITY,
+                            f"no capacity on {route.scope} before the deadline or budget "
+                            f"({granted.reason})",
+                            retry_at=retry_at,
+                        )
+                    yield wait_for(
+                        retry_after,
+                        DecisionKind.ADMISSION_WAIT,
+                        route,
+                        f"waiting for capacity on {granted.scope}",
+                    )
+
+            # Attempt.
+            if not budget.record_attempt():
+                if reservation is not None:
+                    yield _Limiter(reservation, "release", ())
+                return finish(
+                    Status.FAILED_RETRY_EXHAUSTED,
+                    f"the run budget of {self.run_budget.used if self.run_budget else 0} "
+                    "attempts is spent",
+                )
+            ledger.record_loop()
+            state.route_attempts += 1
+            result = yield _Call(route)
+            ledger.record_sdk(_sdk_retries(result))
+            try:
+                signal = self._signal_of(result)
+            except Exception:
+                if reservation is not None:
+                    yield _Limiter(reservation, "release", ())
+                raise
+            now = clock.monotonic()
+
+            # Settle, observe and pause: tell admission what the provider said.
+            if reservation is not None:
+                if signal.kind is Kind.OK:
+                    usage = _usage(result)
+                    if usage is not None:
+                        yield _Limiter(reservation, "settle", usage)
+                    else:
+                        yield _Limiter(
+                            reservation,
+                            "settle",
+                            (spec.cost.input_tokens, spec.cost.output_tokens),
+                        )
+                else:
+                    yield _Limiter(reservation, "release", ())
+            if self.limiter is not None:
+                if signal.observed or signal.kind is Kind.TEMPORARY:
+                    yield _Limiter(self.limiter, "observe", (route.scope, signal))
+                if signal.retry_after and signal.kind in (Kind.TEMPORARY, Kind.OVERLOAD):
+                    until = clock.now() + timedelta(seconds=signal.retry_after)
+                    yield _Limiter(
+                        self.limiter, "pause", (route.scope, until, f"{signal.kind.value} signal")
+                    )
+
+            if signal.kind is Kind.OK:
+                value = result.value if isinstance(result, _Returned) else None
+                stop = decide(state, signal, policy, now)
+                assert isinstance(stop, Stop)
+                return finish(stop.status, stop.reason, value=value)
+
+            # An exception no classifier recognises is a bug, not a refusal: surface it.
+            if (
+                isinstance(result, _Raised)
+                and signal.kind is Kind.UNKNOWN
+                and policy.trigger_scope != "all"
+            ):
+                emit(DecisionKind.STOP, status="raised", reason="unclassified exception")
+                raise result.error
+
+            budget.record_refusal(now)
+
+            # Writes: never retry blindly when the effect is unknown.
+            if not spec.idempotent and is_ambiguous_failure(signal, result_error(result)):
+                if not spec.has_check:
+                    return finish(
+                        Status.NEEDS_OPERATOR,
+                        "unknown_outcome: the write may have taken effect and there is no "
+                        "outcome_check",
+                    )
+                verdict = normalize_write_outcome((yield _Check(route)))
+                if verdict is WriteOutcome.APPLIED:
+                    status = Status.COMPLETED if state.index == 0 else Status.DEGRADED
+                    return finish(status, "the write took effect (confirmed by outcome_check)")
+                if verdict is WriteOutcome.UNKNOWN or controlled_retry_used:
+                    return finish(
+                        Status.NEEDS_OPERATOR,
+                        "unknown_outcome: outcome_check could not tell whether the write "
+                        "took effect"
+                        if verdict is WriteOutcome.UNKNOWN
+                        else "unknown_outcome: the controlled retry failed ambiguously too",
+                    )
+                controlled_retry_used = True
+
+            decision = decide(state, signal, policy, now)
+            if isinstance(decision, Stop):
+                for skipped, why in decision.skipped:
+                    emit(DecisionKind.SKIP, route=skipped, reason=why)
+                retry_at = decision.retry_at
+                if retry_at is None and decision.retry_in is not None:
+                    retry_at = clock.now() + timedelta(seconds=decision.retry_in)
+                return finish(decision.status, decision.reason, retry_at=retry_at)
+            if isinstance(decision, Wait):
+                yield wait_for(decision.seconds, DecisionKind.WAIT, route, decision.reason)
+                state.waits += 1
+                state.previous_wait = decision.seconds
+                emit(DecisionKind.RETRY, reason=f"retry {state.waits} on {route.scope}")
+                continue
+            assert isinstance(decision, FallBack)
+            for skipped, why in decision.skipped:
+                emit(DecisionKind.SKIP, route=skipped, reason=why)
+            if signal.kind in (Kind.PERIOD_QUOTA, Kind.SPEND):
+                state.spent_providers.add(route.provider)
+            if state.limited_route is None:
+                state.limited_route = route
+            if decision.wait > 0:
+                yield wait_for(decision.wait, DecisionKind.WAIT, route, decision.reason)
+            state.waits += 1
+            state.previous_wait = decision.wait
+            state.index = decision.index
+            state.route_attempts = 0
+            emit(DecisionKind.FALLBACK, route=decision.route, reason=decision.reason)
+
+    @staticmethod
+    def _raise_unless_ok(outcome: Outcome, policy: Policy) -> Outcome:
+        if outcome.ok:
+            return outcome
+        if outcome.status is Status.FAILED_RETRY_EXHAUSTED and policy.on_exhausted == "soft":
+            return outcome
+        raise RateLimitExhausted(outcome)
+
+
+def result_error(result: _Returned | _Raised) -> BaseException | None:
+    return result.error if isinstance(result, _Raised) else None
+
+
+def _sdk_retries(result: _Returned | _Raised) -> int:
+    """Retries an SDK took inside one of our attempts, when it tells us."""
+    from rateloop.integrations.sdk import sdk_retries_taken
+
+    target = result.error if isinstance(result, _Raised) else result.value
+    return sdk_retries_taken(target)
+
+
+def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
+    """(input_tokens, output_tokens) reported by a successful response, if any."""
+    if not isinstance(result, _Returned):
+        return None
+    usage = getattr(result.value, "usage", None)
+    if usage is None and isinstance(result.value, dict):
+        usage = result.value.get("usage")
+    if usage is None:
+        return None
+
+    def field(*names: str) -> int | None:
+        for name in names:
+            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    inp = field("input_tokens", "prompt_tokens", "prompt_token_count")
+    out = field("output_tokens", "completion_tokens", "candidates_token_count")
+    if inp is None and out is None:
+        return None
+    return (inp or 0, out or 0)
+
+
+def _call_kwargs(idempotency_key: str | None) -> dict[str, Any]:
+    return {"idempotency_key": idempotency_key} if idempotency_key is not None else {}
+
+
+# --- the sync driver ---------------------------------------------------------------
+
+
+class RateLoop(_BaseRateLoop):
+    """The synchronous RATE loop.
+
+    >>> from rateloop import RateLoop, Route
+    >>> loop = RateLoop()
+    >>> outcome = loop.call(lambda route: "hi", route=Route(provider="openai", model="gpt-5"))
+    >>> outcome.status.value, outcome.value
+    ('completed', 'hi')
+    """
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        *,
+        route: Route,
+        cost: Cost | None = None,
+        operation: str = "model.generate",
+        idempotent: bool = True,
+        idempotency_key: str | None = None,
+        outcome_check: Callable[[Route], Any] | None = None,
+        deadline: datetime | float | None = None,
+        fallbacks: Sequence[Route] | None = None,
+        priority: Priority = "interactive",
+        data_class: str | None = None,
+        task_id: str | None = None,
+    ) -> Outcome:
+        """Run ``fn(route)`` through the RATE loop and return its :class:`Outcome`.
+
+        ``fn`` receives the route of the current attempt (a fallback changes the
+        model) and, when ``idempotency_key`` is given, ``idempotency_key=`` too.
+        ``deadline`` is an aware datetime or seconds from now.
+        """
+        spec = self._spec(
+            route=route,
+            cost=cost,
+            operation=operation,
+            idempotent=idempotent,
+            outcome_check=outcome_check,
+            deadline=deadline,
+            fallbacks=fallbacks,
+            priority=priority,
+            data_class=data_class,
+            task_id=task_id,
+        )
+        kwargs = _call_kwargs(idempotency_key)
+        flow = self._drive(spec)
+        result: Any = None
+        while True:
+            try:
+                effect = flow.send(result)
+            except StopIteration as stop:
+                return cast(Outcome, stop.value)
+            result = self._perform(effect, fn, kwargs, outcome_check)
+
+    def call_or_raise(self, fn: Callable[..., Any], **kwargs: Any) -> Outcome:
+        """Like :meth:`call`, but raise :class:`RateLimitExhausted` unless the work was done.
+
+        With ``on_exhausted = "soft"`` a ``failed_retry_exhausted`` outcome is
+        returned instead of raised.
+        """
+        return self._raise_unless_ok(self.call(fn, **kwargs), self.policy)
+
+    def wrap(self, *, route: Route, **options: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """Decorator form: ``fn(route, *args, **kwargs)`` runs through the loop.
+
+        The decorated function returns ``fn``'s value, or raises
+        :class:`RateLimitExhausted` carrying the outcome.
+        """
+
+        def decorate(fn: Callable[..., T]) -> Callable[P, T]:
+            @functools.wraps(fn)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                def attempt(r: Route, **extra: Any) -> T:
+                    return fn(r, *args, **kwargs, **extra)
+
+                outcome = self.call_or_raise(attempt, route=route, **options)
+                return cast(T, outcome.value)
+
+            return wrapper
+
+        return decorate
+
+    def _perform(
+        self,
+        effect: _Effect,
+        fn: Callable[..., Any],
+        kwargs: dict[str, Any],
+        outcome_check: Callable[[Route], Any] | None,
+    ) -> Any:
+        if isinstance(effect, _Call):
+            try:
+                value = fn(effect.route, **kwargs)
+            except Exception as exc:
+                return _Raised(exc)
+            if inspect.isawaitable(value):
+                raise TypeError(
+                    "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
+                )
+            return _Returned(value)
+        if isinstance(effect, _Sleep):
+            self.clock.sleep(effect.seconds)
+            return None
+        if isinstance(effect, _Admit):
+            return self.limiter.try_reserve(effect.route, effect.cost, priority=effect.priority)
+        if isinstance(effect, _Limiter):
+            return getattr(effect.target, effect.method)(*effect.args)
+        assert outcome_check is not None
+        return outcome_check(effect.route)
+
+
+# --- the async driver --------------------------------------------------------------
+
+
+class AsyncRateLoop(_BaseRateLoop):
+    """The asyncio RATE loop; ``fn`` may be a coroutine function or a plain one."""
+
+    async def call(
+        self,
+        fn: Callable[..., Any],
+        *,
+        route: Route,
+        cost: Cost | None = None,
+        operation: str = "model.generate",
+        idempotent: bool = True,
+        idempotency_key: str | None = None,
+        outcome_check: Callable[[Route], Any] | None = None,
+        deadline: datetime | float | None = None,
+        fallbacks: Sequence[Route] | None = None,
+        priority: Priority = "interactive",
+        data_class: str | None = None,
+        task_id: str | None = None,
+    ) -> Outcome:
+        """Await ``fn(route)`` through the RATE loop; see :meth:`RateLoop.call`."""
+        spec = self._spec(
+            route=route,
+            cost=cost,
+            operation=operation,
+            idempotent=idempotent,
+            outcome_check=outcome_check,
+            deadline=deadline,
+            fallbacks=fallbacks,
+            priority=priority,
+            data_class=data_class,
+            task_id=task_id,
+        )
+        kwargs = _call_kwargs(idempotency_key)
+        flow = self._drive(spec)
+        result: Any = None
+        while True:
+            try:
+                effect = flow.send(result)
+            except StopIteration as stop:
+                return cast(Outcome, stop.value)
+            result = await self._perform(effect, fn, kwargs, outcome_check)
+
+    async def call_or_raise(self, fn: Callable[..., Any], **kwargs: Any) -> Outcome:
+        """Like :meth:`call`, but raise :class:`RateLimitExhausted` unless the work was done."""
+        return self._raise_unless_ok(await self.call(fn, **kwargs), self.policy)
+
+    def wrap(
+        self, *, route: Route, **options: Any
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+        """Decorator form for coroutine functions; see :meth:`RateLoop.wrap`."""
+
+        def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+            @functools.wraps(fn)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                def attempt(r: Route, **extra: Any) -> Awaitable[T]:
+                    return fn(r, *args, **kwargs, **extra)
+
+                outcome = await self.call_or_raise(attempt, route=route, **options)
+                return cast(T, outcome.value)
+
+            return wrapper
+
+        return decorate
+
+    async def _perform(
+        self,
+        effect: _Effect,
+        fn: Callable[..., Any],
+        kwargs: dict[str, Any],
+        outcome_check: Callable[[Route], Any] | None,
+    ) -> Any:
+        if isinstance(effect, _Call):
+            try:
+                value = fn(effect.route, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as exc:
+                return _Raised(exc)
+            return _Returned(value)
+        if isinstance(effect, _Sleep):
+            await self.clock.asleep(effect.seconds)
+            return None
+        if isinstance(effect, _Admit):
+            return await self.limiter.atry_reserve(
+                effect.route, effect.cost, priority=effect.priority
+            )
+        if isinstance(effect, _Limiter):
+            return await getattr(effect.target, "a" + effect.method)(*effect.args)
+        assert outcome_check is not None
+        verdict = outcome_check(effect.route)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return verdict
