@@ -110,7 +110,9 @@ class LimitSpec:
                 err.key = f"{prefix}{err.key}" if err.key else key
             raise ConfigError.many(
                 [
-                    ConfigError(e.detail, source=source, key=e.key, value=e.value, allowed=e.allowed)
+                    ConfigError(
+                        e.detail, source=source, key=e.key, value=e.value, allowed=e.allowed
+                    )
                     for e in exc.errors
                 ]
             ) from None

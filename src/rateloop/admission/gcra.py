@@ -1,0 +1,145 @@
+"""The pure arithmetic of admission: continuous buckets, day windows, leases, AIMD.
+
+How it works.  Every rate dimension is a *continuously refilled bucket*
+(the token-bucket form of GCRA).  Its state is the ``level`` of capacity in
+use at time ``ts``; the level drains at ``rate`` units per second, so it is
+never stored twice and never refilled in steps.  A call of ``amount`` units
+fits when ``drained_level + amount <= allowed``, where ``allowed`` is the
+burst capacity left to the call's priority class.  When it does not fit, the
+wait until it would is ``(drained_level + amount - allowed) / rate`` -- exact,
+because nothing else changes the level meanwhile except other admissions.
+
+The bound this gives (used by the stress and property tests): the level is
+always in ``[0, capacity]`` after an admission and drains at ``rate``, so the
+units admitted in any closed window of length ``W`` are at most
+``capacity + rate * W``.  For a per-minute limit ``L`` with ``burst = b``
+that is ``b*L + L*W/60``.
+
+A fixed day window counts requests in ``[start, start + 86400)`` where the
+start is the configured UTC reset time; a rolling day is a bucket refilled at
+``L / 86400`` per second with capacity ``L``.  Concurrency is a set of leases,
+each with an expiry, so a crashed holder frees its slot after the TTL.
+
+The effective rate of a scope's per-minute buckets is multiplied by an AIMD
+``factor``: a 429 that arrived despite admission multiplies it by
+``decrease`` (not below ``floor``, at most once per ``cooldown``), and it
+recovers linearly by ``recover_per_minute`` back to 1.
+
+The Redis backend carries the same arithmetic in Lua (``_common.lua``); the
+conformance suite runs the same tests against both.  Nothing here reads a
+clock: ``now`` is always passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "AIMD",
+    "DAY",
+    "LEASE_POLL_SECONDS",
+    "Bucket",
+    "bucket_wait",
+    "day_window",
+    "drained",
+    "effective_factor",
+    "lowered_factor",
+    "pause_spread",
+]
+
+DAY = 86_400.0
+
+#: A concurrency denial is retried after at most this long: a lease may be
+#: released at any moment, but only its expiry is known in advance.
+LEASE_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AIMD:
+    """How a 429 despite admission lowers a scope's rate, and how it recovers.
+
+    ``decrease`` multiplies the factor (0.8: 20 % slower), ``floor`` is the
+    lowest factor, ``recover_per_minute`` the additive recovery (0.1: +10 % of
+    the configured limit each minute) and ``cooldown`` the seconds during
+    which further 429s (from the same burst) do not lower it again.
+    """
+
+    decrease: float = 0.8
+    floor: float = 0.25
+    recover_per_minute: float = 0.1
+    cooldown: float = 2.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "decrease": 0 < self.decrease < 1,
+            "floor": 0 < self.floor <= 1,
+            "recover_per_minute": self.recover_per_minute > 0,
+            "cooldown": self.cooldown >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"AIMD.{name} is out of range: {getattr(self, name)!r}")
+
+    @property
+    def recover_per_second(self) -> float:
+        return self.recover_per_minute / 60.0
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Mutable bucket state for the in-memory backend: level in use at ``ts``."""
+
+    level: float = 0.0
+    ts: float = 0.0
+    blocked_until: float = 0.0
+
+
+def drained(level: float, ts: float, now: float, rate: float) -> float:
+    """The level at ``now`` after draining at ``rate`` since ``ts``."""
+    return max(0.0, level - max(0.0, now - ts) * rate)
+
+
+def bucket_wait(level_now: float, amount: float, allowed: float, rate: float) -> float:
+    """Seconds until ``amount`` fits under ``allowed``; 0 when it fits now."""
+    over = level_now + amount - allowed
+    if over <= 0:
+        return 0.0
+    return over / rate
+
+
+def day_window(wall: float, offset: float) -> tuple[int, float]:
+    """The index of the fixed day window containing ``wall`` and when it ends.
+
+    ``offset`` is the reset time as seconds after 00:00 UTC; ``wall`` is
+    seconds since the epoch.
+    """
+    index = math.floor((wall - offset) / DAY)
+    return index, (index + 1) * DAY + offset
+
+
+def effective_factor(factor: float, since: float, now: float, aimd: AIMD) -> float:
+    """The AIMD factor at ``now``: ``factor`` set at ``since``, recovering linearly."""
+    return min(1.0, factor + max(0.0, now - since) * aimd.recover_per_second)
+
+
+def lowered_factor(
+    factor: float, since: float, last_decrease: float, now: float, aimd: AIMD
+) -> tuple[float, bool]:
+    """The factor after a 429 at ``now``, and whether it was lowered.
+
+    Inside the cooldown after the previous decrease the factor is unchanged.
+    """
+    current = effective_factor(factor, since, now, aimd)
+    if now - last_decrease < aimd.cooldown:
+        return current, False
+    return max(aimd.floor, current * aimd.decrease), True
+
+
+def pause_spread(remaining: float, unit: float) -> float:
+    """Extra seconds a waiter adds after a pause so waiters do not stampede.
+
+    Up to 10 % of the remaining pause, at most one second; ``unit`` is a
+    uniform random number in ``[0, 1)``.
+    """
+    return min(0.1 * max(0.0, remaining), 1.0) * unit

@@ -1,0 +1,510 @@
+"""The shared limiter: reserve capacity in every scope of a route, at once.
+
+How it works.  Each public method is a generator (a *flow*) that yields
+steps -- "run this operation on the backend" or "sleep this long" -- and
+receives their results; :meth:`Limiter._drive` runs a flow with blocking
+calls, :meth:`Limiter._adrive` with awaits.  The algorithm (build the checks,
+interpret the answer, wait, give up at the deadline) is written once, in the
+flows; the backend does one atomic operation per step, so ``try_reserve`` is
+exactly one round trip.
+
+When the backend is unreachable the limiter either raises
+:class:`~rateloop.errors.BackendError` (``on_unreachable="fail_closed"``, the
+default) or falls back to a per-process memory limiter holding
+``local_share`` of every limit (``"local"``) -- N processes that all fall
+back then admit at most ``N × local_share`` of a limit.  It tries the shared
+backend again after :data:`LOCAL_RETRY_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+import threading
+import uuid
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar, cast
+
+from rateloop._clock import Clock, system_clock
+from rateloop.admission.backend import Backend, BackendUnreachable, backend_from_url
+from rateloop.admission.gcra import AIMD, pause_spread
+from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.plan import (
+    AdmitOp,
+    AdmitResult,
+    Check,
+    CheckKind,
+    ObserveOp,
+    PauseOp,
+    Priority,
+    SettleOp,
+    Tightening,
+    build_checks,
+)
+from rateloop.admission.reservation import (
+    AdmissionRejected,
+    AdmissionTimeout,
+    Denied,
+    Reservation,
+)
+from rateloop.admission.spec import LimitSpec
+from rateloop.route import Cost, Route
+from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
+
+__all__ = ["LOCAL_RETRY_SECONDS", "Limiter"]
+
+#: After the shared backend was unreachable, stay local this long before retrying it.
+LOCAL_RETRY_SECONDS = 5.0
+
+T = TypeVar("T")
+
+_SPEC_FIELDS = {
+    Dimension.REQUESTS: "requests_per_minute",
+    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
+    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
+    Dimension.TOKENS: "tokens_per_minute",
+    Dimension.REQUESTS_PER_DAY: "requests_per_day",
+    Dimension.CONCURRENCY: "concurrency",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Do:
+    op: object
+    local: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+_Step = _Do | _Sleep
+_Done = tuple[object, object, bool]  # (result, the op actually run, ran locally)
+_Flow = Generator[_Step, Any, T]
+
+
+def _scaled_check(check: Check, share: float) -> Check:
+    """``check`` holding only ``share`` of its limit (the local fallback's part)."""
+    if share >= 1.0:
+        return check
+    if check.kind is CheckKind.BUCKET:
+        capacity = max(check.capacity * share, 1.0)
+    else:
+        capacity = float(max(1, math.floor(check.capacity * share)))
+    allowed = check.allowed * capacity / check.capacity
+    if check.kind is CheckKind.LEASE:
+        allowed = float(max(1, math.floor(allowed + 1e-9)))
+    return replace(check, capacity=capacity, allowed=allowed, rate=check.rate * share)
+
+
+def _scaled_op(op: object, share: float) -> object:
+    if share >= 1.0:
+        return op
+    if isinstance(op, AdmitOp):
+        return replace(op, checks=tuple(_scaled_check(c, share) for c in op.checks))
+    if isinstance(op, ObserveOp):
+        return replace(
+            op,
+            tightenings=tuple(
+                replace(t, check=_scaled_check(t.check, share)) for t in op.tightenings
+            ),
+        )
+    return op  # settle ops of local reservations already hold scaled checks
+
+
+class Limiter:
+    """Admission across requests, tokens, day quotas and concurrency of every scope.
+
+    >>> from rateloop.testing import FakeClock
+    >>> limiter = Limiter(limits={"openai:gpt-5": LimitSpec(requests_per_minute=60)},
+    ...                   clock=FakeClock())
+    >>> r = limiter.try_reserve(Route(provider="openai", model="gpt-5"), Cost())
+    >>> r.settle(0, 0)
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        limits: Mapping[str, LimitSpec] | None = None,
+        clock: Clock | None = None,
+        on_unreachable: Literal["fail_closed", "local"] = "fail_closed",
+        local_share: float = 1.0,
+        aimd: AIMD | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if on_unreachable not in ("fail_closed", "local"):
+            raise ValueError(
+                f"on_unreachable must be 'fail_closed' or 'local', got {on_unreachable!r}"
+            )
+        if (
+            isinstance(local_share, bool)
+            or not isinstance(local_share, int | float)
+            or not 0 < local_share <= 1
+        ):
+            raise ValueError(f"local_share must be a fraction 0 < share <= 1, got {local_share!r}")
+        self._clock = clock or system_clock
+        self._backend: Backend = backend if backend is not None else MemoryBackend(self._clock)
+        self._on_unreachable = on_unreachable
+        self._local_share = float(local_share)
+        self._local: MemoryBackend | None = None
+        self._local_until = -math.inf
+        self.aimd = aimd or AIMD()
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._limits: dict[str, LimitSpec] = {}
+        self._learned: dict[str, LimitSpec] = {}
+        self._plans: dict[tuple[Route, Cost, Priority], tuple[Check, ...]] = {}
+        for scope, spec in (limits or {}).items():
+            self.set_limits(scope, spec)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "rateloop:",
+        limits: Mapping[str, LimitSpec] | None = None,
+        clock: Clock | None = None,
+        on_unreachable: Literal["fail_closed", "local"] = "fail_closed",
+        local_share: float = 1.0,
+        aimd: AIMD | None = None,
+        rng: random.Random | None = None,
+        **options: Any,
+    ) -> Limiter:
+        """A limiter on the backend named by ``url`` (``memory://``, ``redis://...``).
+
+        ``options`` go to the backend (for Redis: ``socket_timeout``,
+        ``socket_connect_timeout``, ...).
+        """
+        clk = clock or system_clock
+        backend = backend_from_url(url, clock=clk, prefix=prefix, **options)
+        return cls(
+            backend,
+            limits=limits,
+            clock=clk,
+            on_unreachable=on_unreachable,
+            local_share=local_share,
+            aimd=aimd,
+            rng=rng,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Limiter({self._backend.url!r}, scopes={sorted(self._limits)}, "
+            f"on_unreachable={self._on_unreachable!r})"
+        )
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    # -- configuration --------------------------------------------------------------
+
+    def set_limits(self, scope: str, spec: LimitSpec | None) -> None:
+        """Configure (or with ``None`` remove) the limits of ``scope``."""
+        if not isinstance(scope, str) or not scope:
+            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
+        if spec is not None and not isinstance(spec, LimitSpec):
+            raise TypeError(f"limits for {scope!r} must be a LimitSpec, got {spec!r}")
+        with self._lock:
+            if spec is None:
+                self._limits.pop(scope, None)
+            else:
+                self._limits[scope] = spec
+            self._plans.clear()
+
+    def limits_for(self, scope: str) -> LimitSpec | None:
+        """The configured limits of ``scope``, else those learned from headers, else None."""
+        return self._limits.get(scope) or self._learned.get(scope)
+
+    @property
+    def limits(self) -> Mapping[str, LimitSpec]:
+        """The configured limits (a copy)."""
+        return dict(self._limits)
+
+    def _checks(self, route: Route, cost: Cost, priority: Priority) -> tuple[Check, ...]:
+        key = (route, cost, priority)
+        checks = self._plans.get(key)
+        if checks is None:
+            found: list[Check] = []
+            for scope in route.scopes:
+                spec = self.limits_for(scope)
+                if spec is not None:
+                    found.extend(build_checks(scope, spec, cost, priority))
+            checks = tuple(found)
+            with self._lock:
+                if len(self._plans) > 4096:
+                    self._plans.clear()
+                self._plans[key] = checks
+        return checks
+
+    # -- flows: the algorithm, written once ----------------------------------------------
+
+    def _admit_flow(
+        self, route: Route, cost: Cost, priority: str | Priority
+    ) -> _Flow[Reservation | Denied]:
+        prio = Priority.parse(priority)
+        checks = self._checks(route, cost, prio)
+        needs_lease = any(c.kind is CheckKind.LEASE for c in checks)
+        op = AdmitOp(
+            scopes=route.scopes,
+            checks=checks,
+            lease_id=uuid.uuid4().hex if needs_lease else None,
+            aimd=self.aimd,
+        )
+        result, ran, local = yield _Do(op)
+        assert isinstance(result, AdmitResult) and isinstance(ran, AdmitOp)
+        if result.granted:
+            return Reservation(
+                limiter=self,
+                route=route,
+                cost=cost,
+                priority=prio,
+                checks=ran.checks,
+                lease_id=ran.lease_id,
+                granted_at=result.now,
+                local=local,
+            )
+        return self._denied(result, ran)
+
+    def _denied(self, result: AdmitResult, op: AdmitOp) -> Denied:
+        scope = result.scope or ""
+        dim = result.dimension
+        if result.never_fits:
+            check = next(c for c in op.checks if c.scope == scope and c.dimension == dim)
+            return Denied(
+                retry_after=0.0,
+                scope=scope,
+                dimension=dim,
+                reason=(
+                    f"cost of {check.amount:g} {check.dimension.value} exceeds what this "
+                    f"priority may ever use at once ({check.allowed:g} of {check.capacity:g})"
+                ),
+                never_fits=True,
+            )
+        wait = result.wait
+        if result.paused_reason is not None:
+            wait += pause_spread(wait, self._rng.random())
+            reason = f"scope paused: {result.paused_reason}"
+        else:
+            reason = f"{dim.value if dim else 'capacity'} limit reached"
+        return Denied(
+            retry_after=clamp_wait(wait) or 0.0, scope=scope, dimension=dim, reason=reason
+        )
+
+    def _reserve_flow(
+        self, route: Route, cost: Cost, priority: str | Priority, deadline: float | None
+    ) -> _Flow[Reservation]:
+        while True:
+            outcome = yield from self._admit_flow(route, cost, priority)
+            if isinstance(outcome, Reservation):
+                return outcome
+            if outcome.never_fits:
+                raise AdmissionRejected(outcome)
+            wait = outcome.retry_after
+            if deadline is not None and self._clock.monotonic() + wait > deadline:
+                raise AdmissionTimeout(
+                    outcome,
+                    retry_after=wait,
+                    retry_at=self._clock.now() + timedelta(seconds=wait),
+                )
+            yield _Sleep(wait)
+
+    def _pause_flow(self, scope: str, until: datetime | float, reason: str) -> _Flow[None]:
+        if not isinstance(scope, str) or not scope:
+            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
+        if isinstance(until, datetime):
+            if until.tzinfo is None:
+                raise ValueError(f"pause until must be timezone-aware, got {until!r}")
+            seconds = (until - self._clock.now()).total_seconds()
+        elif isinstance(until, int | float) and not isinstance(until, bool):
+            seconds = float(until)
+        else:
+            raise TypeError(f"pause until must be a datetime or seconds, got {until!r}")
+        wait = clamp_wait(seconds)
+        if wait is None:
+            raise ValueError(f"pause seconds must be a number, got {until!r}")
+        if wait > 0:
+            yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
+
+    def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
+        signal = source if isinstance(source, LimitSignal) else _signal_from_headers(source)
+        self._learn(scope, signal)
+        spec = self.limits_for(scope)
+        by_dimension: dict[Dimension, Check] = {}
+        if spec is not None:
+            for check in build_checks(scope, spec, Cost(requests=0)):
+                by_dimension[check.dimension] = check
+        tightenings = tuple(
+            Tightening(
+                check=by_dimension[o.dimension], remaining=o.remaining, reset_after=o.reset_after
+            )
+            for o in signal.observed
+            if o.dimension in by_dimension
+            and by_dimension[o.dimension].kind is not CheckKind.LEASE
+            and (o.remaining is not None or o.reset_after is not None)
+        )
+        lower = signal.kind is Kind.TEMPORARY
+        if tightenings or lower:
+            yield _Do(ObserveOp(scope=scope, tightenings=tightenings, lower=lower, aimd=self.aimd))
+
+    def _learn(self, scope: str, signal: LimitSignal) -> None:
+        """Zero-config: take limits from the provider's headers when none are configured."""
+        if scope in self._limits:
+            return
+        learned: dict[str, Any] = {
+            _SPEC_FIELDS[o.dimension]: int(o.limit)
+            for o in signal.observed
+            if o.dimension in _SPEC_FIELDS and o.limit is not None and o.limit >= 1
+        }
+        if not learned:
+            return
+        with self._lock:
+            old = self._learned.get(scope)
+            spec = replace(old, **learned) if old is not None else LimitSpec(**learned)
+            if spec != old:
+                self._learned[scope] = spec
+                self._plans.clear()
+
+    # -- drivers -------------------------------------------------------------------------------
+
+    def _local_backend(self) -> MemoryBackend:
+        with self._lock:
+            if self._local is None:
+                self._local = MemoryBackend(self._clock)
+            return self._local
+
+    def _prefer_local(self, step: _Do) -> bool:
+        return step.local or self._clock.monotonic() < self._local_until
+
+    def _fallback(self, exc: BackendUnreachable) -> None:
+        if self._on_unreachable != "local":
+            raise exc
+        self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
+
+    def _execute(self, step: _Do) -> _Done:
+        if not self._prefer_local(step):
+            try:
+                return self._backend.execute(step.op), step.op, False
+            except BackendUnreachable as exc:
+                self._fallback(exc)
+        op = _scaled_op(step.op, self._local_share)
+        return self._local_backend().execute(op), op, True
+
+    async def _aexecute(self, step: _Do) -> _Done:
+        if not self._prefer_local(step):
+            try:
+                return await self._backend.aexecute(step.op), step.op, False
+            except BackendUnreachable as exc:
+                self._fallback(exc)
+        op = _scaled_op(step.op, self._local_share)
+        return await self._local_backend().aexecute(op), op, True
+
+    def _drive(self, flow: _Flow[T]) -> T:
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, _Sleep):
+                    self._clock.sleep(step.seconds)
+                    step = flow.send(None)
+                else:
+                    step = flow.send(self._execute(step))
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    async def _adrive(self, flow: _Flow[T]) -> T:
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, _Sleep):
+                    await self._clock.asleep(step.seconds)
+                    step = flow.send(None)
+                else:
+                    step = flow.send(await self._aexecute(step))
+        except StopIteration as stop:
+            return cast(T, stop.value)
+
+    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[None]:
+        yield _Do(op, local=local)
+
+    def _run_settle(self, op: SettleOp, *, local: bool) -> None:
+        self._drive(self._settle_flow(op, local))
+
+    async def _arun_settle(self, op: SettleOp, *, local: bool) -> None:
+        await self._adrive(self._settle_flow(op, local))
+
+    # -- the public twins -------------------------------------------------------------------------
+
+    def try_reserve(
+        self, route: Route, cost: Cost, *, priority: str = "interactive"
+    ) -> Reservation | Denied:
+        """Reserve now or say why not and for how long; one backend round trip."""
+        return self._drive(self._admit_flow(route, cost, priority))
+
+    async def atry_reserve(
+        self, route: Route, cost: Cost, *, priority: str = "interactive"
+    ) -> Reservation | Denied:
+        return await self._adrive(self._admit_flow(route, cost, priority))
+
+    def reserve(
+        self,
+        route: Route,
+        cost: Cost,
+        *,
+        priority: str = "interactive",
+        deadline: float | None = None,
+    ) -> Reservation:
+        """Wait until every dimension of every scope admits ``cost`` at once.
+
+        ``deadline`` is on the clock's monotonic scale; when the wait would pass
+        it, raise :class:`AdmissionTimeout` at once instead of waiting.  A cost
+        that can never fit raises :class:`AdmissionRejected`.
+        """
+        return self._drive(self._reserve_flow(route, cost, priority, deadline))
+
+    async def areserve(
+        self,
+        route: Route,
+        cost: Cost,
+        *,
+        priority: str = "interactive",
+        deadline: float | None = None,
+    ) -> Reservation:
+        return await self._adrive(self._reserve_flow(route, cost, priority, deadline))
+
+    def pause(self, scope: str, until: datetime | float, reason: str) -> None:
+        """Pause ``scope`` (and every narrower scope) for every worker until ``until``.
+
+        ``until`` is an aware datetime or seconds from now.  A pause is never
+        shortened by a later, shorter one.
+        """
+        self._drive(self._pause_flow(scope, until, reason))
+
+    async def apause(self, scope: str, until: datetime | float, reason: str) -> None:
+        await self._adrive(self._pause_flow(scope, until, reason))
+
+    def observe(self, scope: str, headers_or_signal: LimitSignal | Mapping[str, str]) -> None:
+        """Learn from the provider's headers (or a classified signal) for ``scope``."""
+        self._drive(self._observe_flow(scope, headers_or_signal))
+
+    async def aobserve(
+        self, scope: str, headers_or_signal: LimitSignal | Mapping[str, str]
+    ) -> None:
+        await self._adrive(self._observe_flow(scope, headers_or_signal))
+
+    def close(self) -> None:
+        self._backend.close()
+
+    async def aclose(self) -> None:
+        await self._backend.aclose()
+
+
+def _signal_from_headers(headers: Mapping[str, str]) -> LimitSignal:
+    # Imported here: Read (classify) is a sibling stage, loaded only when used.
+    classify = importlib.import_module("rateloop.classify").classify
+    return cast(LimitSignal, classify(200, headers, b""))

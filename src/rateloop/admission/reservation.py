@@ -1,0 +1,274 @@
+"""The results of admission: a :class:`Reservation` to settle, or a :class:`Denied`.
+
+::
+
+    RateloopError
+    ├── AdmissionTimeout    reserve() would have to wait past its deadline
+    └── AdmissionRejected   reserve() of a cost larger than a limit itself
+
+Settling: a reservation holds the *estimated* cost (input tokens and the max
+output tokens).  :meth:`Reservation.settle` with the actual usage refunds the
+difference when usage was lower, and charges the excess when it was higher:
+the bucket's level may then exceed its capacity (a debt), and later calls
+wait until it has drained.  :meth:`Reservation.release` is for a call that
+was rejected: every token goes back, the request itself stays counted
+(providers count a rejected request).  Both release the concurrency lease,
+and both are idempotent.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from rateloop.admission.plan import Adjustment, Check, CheckKind, Priority, SettleOp
+from rateloop.errors import RateloopError
+from rateloop.outcome import Status
+from rateloop.route import Cost, Route
+from rateloop.signal import Dimension
+
+if TYPE_CHECKING:
+    from rateloop.admission.limiter import Limiter
+
+__all__ = ["AdmissionRejected", "AdmissionTimeout", "Denied", "Reservation"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Denied:
+    """A call that does not fit now.  Falsy, so ``if limiter.try_reserve(...)`` reads well.
+
+    ``retry_after`` is the seconds until it would fit (finite; for a paused
+    scope the pause's end plus a small spread).  ``never_fits`` means the
+    cost exceeds a limit itself (e.g. more input tokens than the TPM burst):
+    waiting cannot help and ``retry_after`` is meaningless.
+    """
+
+    retry_after: float
+    scope: str
+    dimension: Dimension | None
+    reason: str
+    never_fits: bool = False
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        dim = self.dimension.value if self.dimension is not None else None
+        extra = ", never_fits" if self.never_fits else ""
+        return (
+            f"Denied(retry_after={self.retry_after:.3f}s, scope={self.scope!r}, "
+            f"dimension={dim!r}, reason={self.reason!r}{extra})"
+        )
+
+
+class AdmissionTimeout(RateloopError):
+    """``reserve()`` would have had to wait past its deadline, so it did not wait."""
+
+    status = Status.WAITING_FOR_CAPACITY
+
+    def __init__(self, denied: Denied, *, retry_after: float, retry_at: datetime) -> None:
+        self.denied = denied
+        self.retry_after = retry_after
+        self.retry_at = retry_at
+        super().__init__(
+            f"no capacity before the deadline in {denied.scope!r} ({denied.reason}); "
+            f"it would fit in {retry_after:.3f}s, at {retry_at.isoformat()}"
+        )
+
+
+class AdmissionRejected(RateloopError):
+    """``reserve()`` of a cost that can never fit (larger than the limit itself)."""
+
+    status = Status.REJECTED
+
+    def __init__(self, denied: Denied) -> None:
+        self.denied = denied
+        super().__init__(f"cost can never be admitted in {denied.scope!r}: {denied.reason}")
+
+
+_TOKEN_DIMENSIONS = (Dimension.INPUT_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.TOKENS)
+
+
+class Reservation:
+    """A granted claim on capacity in every scope of ``route``.
+
+    Use it from sync or async code (``settle``/``asettle``,
+    ``release``/``arelease``), or as a (async) context manager: leaving the
+    block normally settles at the estimate, leaving it by an exception
+    releases.
+    """
+
+    __slots__ = (
+        "_done",
+        "_limiter",
+        "_lock",
+        "checks",
+        "cost",
+        "granted_at",
+        "lease_id",
+        "lease_scope",
+        "local",
+        "priority",
+        "route",
+    )
+
+    def __init__(
+        self,
+        *,
+        limiter: Limiter,
+        route: Route,
+        cost: Cost,
+        priority: Priority,
+        checks: tuple[Check, ...],
+        lease_id: str | None,
+        granted_at: float,
+        local: bool = False,
+    ) -> None:
+        self._limiter = limiter
+        self.route = route
+        self.cost = cost
+        self.priority = priority
+        self.checks = checks
+        self.granted_at = granted_at
+        self.local = local
+        self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
+        self.lease_id = lease_id if self.lease_scope is not None else None
+        self._lock = threading.Lock()
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """True once settled or released."""
+        return self._done
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "open"
+        where = ", local" if self.local else ""
+        return (
+            f"Reservation({self.route.scope!r}, {self.cost!r}, {self.priority.value}, "
+            f"{state}{where})"
+        )
+
+    # -- building the settle operation (pure) -----------------------------------
+
+    def _settle_op(self, input_tokens: int, output_tokens: int) -> SettleOp | None:
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        actual = {
+            Dimension.INPUT_TOKENS: input_tokens - self.cost.input_tokens,
+            Dimension.OUTPUT_TOKENS: output_tokens - self.cost.output_tokens,
+            Dimension.TOKENS: input_tokens + output_tokens - self.cost.tokens,
+        }
+        return self._op(actual)
+
+    def _release_op(self) -> SettleOp | None:
+        return self._op(
+            {
+                Dimension.INPUT_TOKENS: -self.cost.input_tokens,
+                Dimension.OUTPUT_TOKENS: -self.cost.output_tokens,
+                Dimension.TOKENS: -self.cost.tokens,
+            }
+        )
+
+    def _op(self, deltas: dict[Dimension, int]) -> SettleOp | None:
+        adjustments = tuple(
+            Adjustment(check=c, delta=float(deltas[c.dimension]))
+            for c in self.checks
+            if c.kind is CheckKind.BUCKET
+            and c.dimension in _TOKEN_DIMENSIONS
+            and deltas[c.dimension] != 0
+        )
+        if not adjustments and self.lease_id is None:
+            return None
+        return SettleOp(
+            scopes=self.route.scopes,
+            adjustments=adjustments,
+            lease_scope=self.lease_scope,
+            lease_id=self.lease_id,
+            aimd=self._limiter.aimd,
+        )
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+    def _unclaim(self) -> None:
+        with self._lock:
+            self._done = False
+
+    # -- the public twins ---------------------------------------------------------
+
+    def settle(self, input_tokens: int, output_tokens: int) -> None:
+        """Settle against the actual usage; a second call does nothing."""
+        op = self._settle_op(input_tokens, output_tokens)
+        self._finish(op)
+
+    async def asettle(self, input_tokens: int, output_tokens: int) -> None:
+        op = self._settle_op(input_tokens, output_tokens)
+        await self._afinish(op)
+
+    def release(self) -> None:
+        """Give back every token (the request stays counted); a second call does nothing."""
+        self._finish(self._release_op())
+
+    async def arelease(self) -> None:
+        await self._afinish(self._release_op())
+
+    def _finish(self, op: SettleOp | None) -> None:
+        if not self._claim():
+            return
+        if op is None:
+            return
+        try:
+            self._limiter._run_settle(op, local=self.local)
+        except BaseException:
+            self._unclaim()
+            raise
+
+    async def _afinish(self, op: SettleOp | None) -> None:
+        if not self._claim():
+            return
+        if op is None:
+            return
+        try:
+            await self._limiter._arun_settle(op, local=self.local)
+        except BaseException:
+            self._unclaim()
+            raise
+
+    # -- context managers -----------------------------------------------------------
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.release()
+        else:
+            self.settle(self.cost.input_tokens, self.cost.output_tokens)
+
+    async def __aenter__(self) -> Reservation:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            await self.arelease()
+        else:
+            await self.asettle(self.cost.input_tokens, self.cost.output_tokens)

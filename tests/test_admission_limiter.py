@@ -1,0 +1,192 @@
+"""The Limiter on the memory backend, on virtual time (FakeClock): waits, deadlines, settling."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import timedelta
+
+import pytest
+
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.reservation import (
+    AdmissionRejected,
+    AdmissionTimeout,
+    Denied,
+    Reservation,
+)
+from rateloop.admission.spec import LimitSpec
+from rateloop.route import Cost, Route
+from rateloop.signal import Dimension
+from rateloop.testing import FakeClock
+
+ROUTE = Route(provider="openai", model="gpt-5", project="proj-1", tenant="t-7")
+
+
+def make(clock: FakeClock, **limits: LimitSpec) -> Limiter:
+    return Limiter(limits=limits, clock=clock, rng=random.Random(7))
+
+
+def test_requests_per_minute_refill_continuously(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    for _ in range(60):
+        assert isinstance(limiter.try_reserve(ROUTE, Cost()), Reservation)
+    denied = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied)
+    assert not denied
+    assert denied.dimension is Dimension.REQUESTS
+    assert denied.scope == "openai:gpt-5"
+    assert denied.retry_after == pytest.approx(1.0)
+    clock.advance(0.5)
+    again = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(again, Denied)
+    assert again.retry_after == pytest.approx(0.5)
+    clock.advance(0.5)
+    assert isinstance(limiter.try_reserve(ROUTE, Cost()), Reservation)
+
+
+def test_reserve_waits_on_the_clock_until_every_dimension_fits(clock: FakeClock) -> None:
+    limiter = make(
+        clock,
+        **{"openai:gpt-5": LimitSpec(requests_per_minute=600, input_tokens_per_minute=6_000)},
+    )
+    cost = Cost(input_tokens=3_000)
+    limiter.reserve(ROUTE, cost)
+    limiter.reserve(ROUTE, cost)
+    limiter.reserve(ROUTE, cost)
+    # 3000 tokens refill at 100/s: 30 s.
+    assert clock.sleeps == [pytest.approx(30.0)]
+
+
+def test_reserve_raises_admission_timeout_without_waiting_past_the_deadline(
+    clock: FakeClock,
+) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=6)})
+    for _ in range(6):
+        limiter.reserve(ROUTE, Cost())
+    with pytest.raises(AdmissionTimeout) as info:
+        limiter.reserve(ROUTE, Cost(), deadline=clock.monotonic() + 5.0)
+    err = info.value
+    assert clock.sleeps == []
+    assert err.retry_after == pytest.approx(10.0)
+    assert err.retry_at == clock.now() + timedelta(seconds=err.retry_after)
+    assert err.status == "waiting_for_capacity"
+
+
+def test_cost_larger_than_the_burst_never_fits(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(input_tokens_per_minute=1_000, burst=0.5)})
+    denied = limiter.try_reserve(ROUTE, Cost(input_tokens=501))
+    assert isinstance(denied, Denied)
+    assert denied.never_fits
+    assert denied.dimension is Dimension.INPUT_TOKENS
+    with pytest.raises(AdmissionRejected):
+        limiter.reserve(ROUTE, Cost(input_tokens=501))
+    assert isinstance(limiter.try_reserve(ROUTE, Cost(input_tokens=500)), Reservation)
+
+
+def test_admission_is_atomic_across_scopes(clock: FakeClock) -> None:
+    limiter = make(
+        clock,
+        **{
+            "openai:gpt-5": LimitSpec(requests_per_minute=100),
+            "openai:gpt-5:proj-1:t-7": LimitSpec(requests_per_minute=1),
+        },
+    )
+    assert limiter.try_reserve(ROUTE, Cost())
+    denied = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied)
+    assert denied.scope == "openai:gpt-5:proj-1:t-7"
+    other = Route(provider="openai", model="gpt-5", project="proj-1", tenant="t-8")
+    # The denied tenant took nothing from the shared model scope: 99 remain.
+    for _ in range(99):
+        assert limiter.try_reserve(other, Cost())
+    assert not limiter.try_reserve(other, Cost())
+
+
+def test_settle_refunds_unused_tokens_and_charges_overuse(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(output_tokens_per_minute=1_000)})
+    first = limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    assert isinstance(first, Reservation)
+    assert not limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    first.settle(100, 200)  # 600 of the 800 come back
+    first.settle(100, 999)  # idempotent: no-op
+    assert limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    # now 1000 used; a call that overran its estimate by 500 puts the bucket in debt
+    clock.advance(60)
+    over = limiter.try_reserve(ROUTE, Cost(output_tokens=500))
+    assert isinstance(over, Reservation)
+    over.settle(0, 1_000)
+    denied = limiter.try_reserve(ROUTE, Cost(output_tokens=100))
+    assert isinstance(denied, Denied)
+    assert denied.retry_after == pytest.approx(6.0)  # 100 over at 1000/60 per second
+
+
+def test_release_returns_tokens_but_keeps_the_request(clock: FakeClock) -> None:
+    limiter = make(
+        clock,
+        **{"openai:gpt-5": LimitSpec(requests_per_minute=2, tokens_per_minute=1_000)},
+    )
+    r = limiter.try_reserve(ROUTE, Cost(input_tokens=900))
+    assert isinstance(r, Reservation)
+    r.release()
+    r.release()
+    assert limiter.try_reserve(ROUTE, Cost(input_tokens=900))
+    denied = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied)
+    assert denied.dimension is Dimension.REQUESTS
+
+
+def test_concurrency_leases_are_released_and_expire(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(concurrency=2, lease_ttl_secs=30)})
+    a = limiter.try_reserve(ROUTE, Cost())
+    b = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(a, Reservation) and isinstance(b, Reservation)
+    denied = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied)
+    assert denied.dimension is Dimension.CONCURRENCY
+    with a:
+        pass  # leaving the block settles and frees the lease
+    assert a.done
+    assert limiter.try_reserve(ROUTE, Cost())
+    # b's holder "crashed": its lease expires after the TTL.
+    clock.advance(30.001)
+    assert limiter.try_reserve(ROUTE, Cost())
+
+
+def test_fixed_day_window_resets_at_the_configured_utc_time() -> None:
+    from datetime import UTC, datetime
+
+    clock = FakeClock(datetime(2026, 1, 1, 5, 0, tzinfo=UTC))
+    limiter = make(
+        clock, **{"openai:gpt-5": LimitSpec(requests_per_day=2, day_resets_at="06:00")}
+    )
+    assert limiter.try_reserve(ROUTE, Cost())
+    assert limiter.try_reserve(ROUTE, Cost())
+    denied = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied)
+    assert denied.dimension is Dimension.REQUESTS_PER_DAY
+    assert denied.retry_after == pytest.approx(3600.0)
+    clock.advance(3600)
+    assert limiter.try_reserve(ROUTE, Cost())
+
+
+def test_async_twins_share_the_flow(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60, concurrency=5)})
+
+    async def main() -> None:
+        held = [await limiter.areserve(ROUTE, Cost()) for _ in range(5)]
+        denied = await limiter.atry_reserve(ROUTE, Cost())
+        assert isinstance(denied, Denied)
+        await held[0].asettle(0, 0)
+        async with await limiter.areserve(ROUTE, Cost()):
+            pass
+        await held[1].arelease()
+
+    asyncio.run(main())
+
+
+def test_unlimited_route_is_admitted(clock: FakeClock) -> None:
+    limiter = make(clock)
+    r = limiter.try_reserve(ROUTE, Cost(input_tokens=10**9))
+    assert isinstance(r, Reservation)
+    r.settle(1, 1)
