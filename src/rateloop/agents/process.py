@@ -1,0 +1,177 @@
+"""Run one attempt of a CLI agent step as a child process (POSIX).
+
+How it works: the child starts in a new session (``start_new_session=True``),
+so it leads its own process group and everything it spawns (node workers,
+MCP servers, shells) is in that group.  Its stdout goes to a file the caller
+owns (one per attempt, so a failed attempt's output never mixes into the
+result and a large output never sits in a pipe).  Its stderr is a pipe read
+by a thread that forwards every chunk to our stderr as it arrives and keeps
+the last :data:`STDERR_TAIL_BYTES` for classification.
+
+When an attempt outlives its timeout the whole group gets SIGTERM, then,
+after a grace period, SIGKILL (which also reaches grandchildren that ignore
+SIGTERM).  Ctrl-C or any other exception while waiting does the same, so
+no agent is left running behind us.
+
+Timeouts here are real wall-clock time by nature (a child process does not
+run on a fake clock); they are measured by :mod:`subprocess` itself.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, TextIO
+
+__all__ = ["STDERR_TAIL_BYTES", "ProcessResult", "run_attempt"]
+
+#: How much of the end of stderr is kept for classification.
+STDERR_TAIL_BYTES = 64 * 1024
+_CHUNK = 64 * 1024
+# After the child exits, a grandchild that inherited stderr may keep the pipe
+# open; we stop waiting for its end of file after this long.
+_DRAIN_SECS = 2.0
+# The shell's conventions for a command that could not be started.
+_NOT_FOUND = 127
+_CANNOT_EXECUTE = 126
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessResult:
+    """How one child process ended.
+
+    ``returncode`` is negative when the child died of a signal.  When the
+    process could not be started, ``start_error`` says why and
+    ``returncode`` is what a shell would report: 127 (not found) or 126.
+    """
+
+    returncode: int
+    timed_out: bool
+    stderr_tail: bytes
+    start_error: str | None = None
+
+
+class _StderrTee:
+    """Forward a pipe to a text stream chunk by chunk, keeping the tail."""
+
+    def __init__(self, pipe: IO[bytes], sink: TextIO | None) -> None:
+        self._pipe = pipe
+        self._sink = sink
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, name="rateloop-stderr", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _pump(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        fd = self._pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with self._lock:
+                self._tail += chunk
+                del self._tail[:-STDERR_TAIL_BYTES]
+            self._forward(decoder.decode(chunk))
+        self._forward(decoder.decode(b"", final=True))
+
+    def _forward(self, text: str) -> None:
+        if not text or self._sink is None:
+            return
+        try:
+            self._sink.write(text)
+            self._sink.flush()
+        except (OSError, ValueError):
+            # Our own stderr went away (closed pipe): keep draining the child so it
+            # never blocks on a full pipe, but stop forwarding.
+            self._sink = None
+
+    def finish(self, timeout: float | None) -> bytes:
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._pipe.close()
+        with self._lock:
+            return bytes(self._tail)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
+        os.killpg(pgid, sig)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the child's process group, then SIGKILL it after ``grace`` seconds."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=max(grace, 0.0))
+    # Also when the child itself is gone: a grandchild may have ignored SIGTERM.
+    # The group id cannot be reused while any member of the group is alive.
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_attempt(
+    argv: Sequence[str],
+    *,
+    stdout: IO[bytes],
+    stderr: TextIO | None,
+    timeout: float | None = None,
+    stdin: IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    kill_grace: float = 5.0,
+) -> ProcessResult:
+    """Run ``argv`` once; stdout into ``stdout``, stderr teed to ``stderr``.
+
+    ``timeout`` bounds this attempt only (None: no bound).  ``stdin`` is the
+    child's input (None: an empty input, ``/dev/null``).
+    """
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        return ProcessResult(
+            returncode=_NOT_FOUND,
+            timed_out=False,
+            stderr_tail=b"",
+            start_error=f"command not found: {exc.filename or argv[0]}",
+        )
+    except OSError as exc:  # permission denied, exec format error, ...
+        return ProcessResult(
+            returncode=_CANNOT_EXECUTE,
+            timed_out=False,
+            stderr_tail=b"",
+            start_error=f"cannot execute {argv[0]}: {exc.strerror or exc}",
+        )
+    assert proc.stderr is not None  # stderr=PIPE
+    tee = _StderrTee(proc.stderr, stderr)
+    tee.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc, kill_grace)
+    except BaseException:
+        _kill_group(proc, kill_grace)
+        raise
+    tail = tee.finish(_DRAIN_SECS)
+    return ProcessResult(returncode=proc.returncode, timed_out=timed_out, stderr_tail=tail)

@@ -1,0 +1,242 @@
+"""The knobs of ``rateloop run``: how many retries, how long to wait, the auto-model fallback.
+
+How it works: each source of settings (the policy file, the environment,
+command-line flags) is read into a :class:`SettingsLayer` whose fields are
+``None`` where the source says nothing.  :func:`resolve_settings` stacks the
+layers over the defaults (flags > env > policy file > defaults) and then
+normalizes the result once: ``max_retries`` is clamped to ``[0, 100]``, a
+negative delay becomes 0, and ``max_delay_secs`` is raised to
+``base_delay_secs`` when it is lower.
+
+Environment parsing is lenient on purpose: these variables are set by CI
+systems and recipe runners the step cannot control, and a typo there must
+not crash a long agent run.  An unset, empty or unparseable value is treated
+as unset (so the layer below, usually the default, applies).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = [
+    "DEFAULT_BASE_DELAY_SECS",
+    "DEFAULT_MAX_DELAY_SECS",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_MAX_STEP_OUTPUT_BYTES",
+    "ENV_ALIASES",
+    "ENV_KEYS",
+    "MAX_RETRIES_LIMIT",
+    "AgentSettings",
+    "SettingsLayer",
+    "layer_from_env",
+    "layer_from_policy",
+    "resolve_settings",
+]
+
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_BASE_DELAY_SECS = 60.0
+DEFAULT_MAX_DELAY_SECS = 600.0
+DEFAULT_MAX_STEP_OUTPUT_BYTES = 10_000_000
+_T = TypeVar("_T")
+
+#: ``max_retries`` above this is clamped: a step is never run more than 101 times.
+MAX_RETRIES_LIMIT = 100
+
+#: The environment key that sets each field.
+ENV_KEYS: Mapping[str, str] = {
+    "max_retries": "RATELOOP_MAX_RETRIES",
+    "base_delay_secs": "RATELOOP_BASE_DELAY_SECS",
+    "max_delay_secs": "RATELOOP_MAX_DELAY_SECS",
+    "fallback_auto_model": "RATELOOP_FALLBACK_AUTO_MODEL",
+    "max_step_output_bytes": "RATELOOP_MAX_STEP_OUTPUT_BYTES",
+}
+
+#: amplihack's published names, read when the ``RATELOOP_`` key is unset or unusable.
+ENV_ALIASES: Mapping[str, str] = {
+    "max_retries": "AMPLIHACK_RATELIMIT_MAX_RETRIES",
+    "base_delay_secs": "AMPLIHACK_RATELIMIT_BASE_DELAY_SECS",
+    "max_delay_secs": "AMPLIHACK_RATELIMIT_MAX_DELAY_SECS",
+    "fallback_auto_model": "AMPLIHACK_RATELIMIT_FALLBACK_AUTO_MODEL",
+}
+
+# A non-empty RATELOOP_FALLBACK_AUTO_MODEL turns the fallback on, except these
+# spellings, which read as an explicit "off" (so RATELOOP_...=0 can override an alias).
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentSettings:
+    """Resolved, normalized settings of one agent step.
+
+    Build it with :func:`resolve_settings` (or :meth:`from_env`); the
+    constructor takes the values as they are, and :meth:`normalized` applies
+    the clamps.
+    """
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    base_delay_secs: float = DEFAULT_BASE_DELAY_SECS
+    max_delay_secs: float = DEFAULT_MAX_DELAY_SECS
+    fallback_auto_model: bool = False
+    max_step_output_bytes: int = DEFAULT_MAX_STEP_OUTPUT_BYTES
+
+    @property
+    def max_executions(self) -> int:
+        """How many times the step may run: the first try plus every retry."""
+        return 1 + self.max_retries
+
+    def normalized(self) -> AgentSettings:
+        """The same settings with every documented clamp applied."""
+        retries = min(max(self.max_retries, 0), MAX_RETRIES_LIMIT)
+        base = _non_negative(self.base_delay_secs, DEFAULT_BASE_DELAY_SECS)
+        cap = max(_non_negative(self.max_delay_secs, DEFAULT_MAX_DELAY_SECS), base)
+        limit = self.max_step_output_bytes
+        if limit <= 0:
+            limit = DEFAULT_MAX_STEP_OUTPUT_BYTES
+        return AgentSettings(
+            max_retries=retries,
+            base_delay_secs=base,
+            max_delay_secs=cap,
+            fallback_auto_model=bool(self.fallback_auto_model),
+            max_step_output_bytes=limit,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> AgentSettings:
+        """Defaults overlaid with ``environ`` (pass ``os.environ`` explicitly)."""
+        return resolve_settings(env=layer_from_env(environ))
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentSettings(max_retries={self.max_retries}, "
+            f"base_delay_secs={self.base_delay_secs:g}, max_delay_secs={self.max_delay_secs:g}, "
+            f"fallback_auto_model={self.fallback_auto_model}, "
+            f"max_step_output_bytes={self.max_step_output_bytes})"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SettingsLayer:
+    """What one source says; ``None`` means "this source does not set it"."""
+
+    max_retries: int | None = None
+    base_delay_secs: float | None = None
+    max_delay_secs: float | None = None
+    fallback_auto_model: bool | None = None
+    max_step_output_bytes: int | None = None
+
+    def over(self, below: AgentSettings) -> AgentSettings:
+        """``below`` with every field this layer sets replaced."""
+        changes = {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
+        return replace(below, **changes)
+
+
+def resolve_settings(
+    *,
+    flags: SettingsLayer | None = None,
+    env: SettingsLayer | None = None,
+    policy: SettingsLayer | None = None,
+) -> AgentSettings:
+    """Stack the layers (flags > env > policy file > defaults) and normalize."""
+    settings = AgentSettings()
+    for layer in (policy, env, flags):
+        if layer is not None:
+            settings = layer.over(settings)
+    return settings.normalized()
+
+
+def layer_from_env(environ: Mapping[str, str]) -> SettingsLayer:
+    """Read the ``RATELOOP_*`` keys and their ``AMPLIHACK_RATELIMIT_*`` aliases, leniently.
+
+    For each field the ``RATELOOP_`` key is tried first; when it is unset or
+    unparseable the alias is tried.  Nothing here raises.
+    """
+
+    def lookup(name: str, parse: Callable[[str | None], _T | None]) -> _T | None:
+        for key in (ENV_KEYS.get(name), ENV_ALIASES.get(name)):
+            if key is None:
+                continue
+            value = parse(environ.get(key))
+            if value is not None:
+                return value
+        return None
+
+    return SettingsLayer(
+        max_retries=lookup("max_retries", _parse_int),
+        base_delay_secs=lookup("base_delay_secs", _parse_secs),
+        max_delay_secs=lookup("max_delay_secs", _parse_secs),
+        fallback_auto_model=lookup("fallback_auto_model", _parse_switch),
+        max_step_output_bytes=lookup("max_step_output_bytes", _parse_int),
+    )
+
+
+def layer_from_policy(path: str | Path) -> SettingsLayer:
+    """The ``[agents]`` table of a policy file (TOML, or YAML by suffix).
+
+    The policy file is validated strictly by :mod:`rateloop.policy` (a bad
+    file raises :class:`~rateloop.errors.ConfigError` naming the key); unlike
+    the environment, a file is something the user wrote on purpose.
+    """
+    from rateloop.policy import Policy  # lazy: the policy model is only needed with --policy
+
+    suffix = str(path).lower().rsplit(".", 1)[-1]
+    if suffix in ("yaml", "yml"):
+        policy = Policy.from_yaml(path)
+    else:
+        policy = Policy.from_toml(path)
+    agents = policy.agents
+    return SettingsLayer(
+        max_retries=int(agents.max_retries),
+        base_delay_secs=float(agents.base_delay_secs),
+        max_delay_secs=float(agents.max_delay_secs),
+        fallback_auto_model=bool(agents.fallback_auto_model),
+        max_step_output_bytes=int(agents.max_step_output_bytes),
+    )
+
+
+# -- lenient parsers ---------------------------------------------------------------------------
+
+
+def _parse_int(raw: str | None) -> int | None:
+    """A whole number, or None.  ``"7"``, ``" 7 "`` and ``"7.0"`` are 7; ``"abc"`` is None."""
+    value = _parse_secs(raw)
+    if value is None or value != math.floor(value):
+        return None
+    return int(value)
+
+
+def _parse_secs(raw: str | None) -> float | None:
+    """A finite number, or None (unset, empty, garbage, NaN and infinities are None)."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value):
+        return None
+    return value
+
+
+def _parse_switch(raw: str | None) -> bool | None:
+    """Non-empty means on, except ``0``/``false``/``no``/``off``; unset or empty is None."""
+    if raw is None or not raw.strip():
+        return None
+    return raw.strip().lower() not in _FALSE_WORDS
+
+
+def _non_negative(value: float, default: float) -> float:
+    """A delay of at least 0; NaN (no meaning as a delay) is the default."""
+    if math.isnan(value):
+        return default
+    return max(float(value), 0.0)

@@ -1,0 +1,281 @@
+"""The sans-IO core of ``rateloop run``: what each attempt runs, and what to do after it.
+
+How it works: :class:`StepLoop` is built once per step from the resolved
+settings.  Before attempt ``n`` the driver asks :meth:`StepLoop.plan` which
+model the attempt runs on (the caller's model, or ``auto`` on a final
+fallback retry).  After the attempt the driver reports what happened as an
+:class:`AttemptReport` (exit code, timeout, the result or why it is
+unusable) together with the :class:`~rateloop.signal.LimitSignal` classified
+from the output, and :meth:`StepLoop.decide` answers with a value:
+
+- :class:`Retry` — print the banner, wait ``wait`` seconds, run attempt ``n + 1``;
+- :class:`Finish` — the step is over: a :class:`~rateloop.outcome.Status`,
+  the exit code for the command line and, for failures, the message to print.
+
+The rules, in order: a timeout ends the step (exit 124, never retried);
+exit 0 always succeeds (``degraded`` when it ran on the ``auto`` fallback),
+unless the result is unusable (exit 65); a period quota ends the step
+without a short retry (exit 75, ``waiting_for_reset``); a rate-limit signal
+(:data:`RETRIED_KINDS`) is retried after ``min(base·2^(n−1), max)`` seconds
+until ``1 + max_retries`` executions are spent (then exit 75); every other
+failure ends the step at once with the child's exit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from rateloop.agents.banner import exhausted_message, format_seconds, period_quota_message
+from rateloop.agents.command import AUTO_MODEL, Agent
+from rateloop.agents.settings import AgentSettings
+from rateloop.outcome import Status
+from rateloop.signal import Kind, LimitSignal
+from rateloop.timing import Backoff
+
+__all__ = [
+    "EXIT_TEMPFAIL",
+    "EXIT_TIMEOUT",
+    "EXIT_UNUSABLE_RESULT",
+    "RETRIED_KINDS",
+    "AttemptPlan",
+    "AttemptReport",
+    "Finish",
+    "Retry",
+    "StepFailure",
+    "StepLoop",
+]
+
+#: sysexits EX_TEMPFAIL: try again later (rate limit outlasted the retries, or a period quota).
+EXIT_TEMPFAIL = 75
+#: timeout(1)'s convention: the attempt ran out of time and was killed.
+EXIT_TIMEOUT = 124
+#: sysexits EX_DATAERR: the agent exited 0 but its result cannot be used.
+EXIT_UNUSABLE_RESULT = 65
+
+#: Signals a short retry can outlast: provider throttling and overload.
+RETRIED_KINDS: frozenset[Kind] = frozenset({Kind.TEMPORARY, Kind.OVERLOAD})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptPlan:
+    """What attempt ``number`` (from 1) of ``total`` runs on.
+
+    ``model`` is the model to pass as ``--model`` (None: leave the command's
+    own arguments alone).  ``fallback`` is True when it is the ``auto`` model
+    standing in for the requested one.
+    """
+
+    number: int
+    total: int
+    model: str | None
+    fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptReport:
+    """What the driver saw when one attempt ended.
+
+    ``exit_code`` is the child's return code (negative: killed by that
+    signal).  ``result`` is the attempt's result text when it exited 0 and
+    the result was usable; ``result_error`` says why it was not.
+    ``start_error`` is set when the command could not be started at all.
+    """
+
+    exit_code: int
+    timed_out: bool = False
+    timeout: float | None = None
+    result: str | None = None
+    result_error: str | None = None
+    start_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Retry:
+    """Wait ``wait`` seconds, then run attempt ``retry + 1``."""
+
+    wait: float
+    retry: int
+    signal: LimitSignal
+
+    def banner_fields(self, settings: AgentSettings) -> dict[str, object]:
+        """The numbers of the wait banner: retry ``r``/max, attempt ``r + 1`` of the total."""
+        return {
+            "wait": self.wait,
+            "retry": self.retry,
+            "max_retries": settings.max_retries,
+            "attempt": self.retry + 1,
+            "total": settings.max_executions,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFailure:
+    """How a failed step ended; the ``value`` of a step :class:`~rateloop.outcome.Outcome`.
+
+    ``exit_code`` is what ``rateloop run`` exits with; ``child_exit_code`` is
+    the last attempt's own return code (None when it was killed on timeout
+    or never started).  ``message`` is the error printed on stderr.
+    """
+
+    exit_code: int
+    message: str
+    child_exit_code: int | None = None
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish:
+    """The step is over.  ``value`` is the result text on success, else a :class:`StepFailure`."""
+
+    status: Status
+    reason: str
+    exit_code: int
+    value: str | StepFailure | None
+    signal: LimitSignal | None = None
+    retry_at: datetime | None = None
+    note: str | None = None
+
+
+def _signal_text(signal: LimitSignal) -> str:
+    return signal.matched or signal.code or signal.kind.value
+
+
+class StepLoop:
+    """The retry rules of one CLI agent step, as a pure state machine (see the module doc)."""
+
+    __slots__ = ("_backoff", "agent", "label", "model", "settings")
+
+    def __init__(
+        self, *, settings: AgentSettings, agent: Agent, label: str, model: str | None = None
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.label = label
+        self.model = model
+        self._backoff = Backoff(
+            strategy="exponential",
+            initial=settings.base_delay_secs,
+            max_delay=settings.max_delay_secs,
+            multiplier=2.0,
+            jitter="none",
+        )
+
+    def wait_before(self, retry: int) -> float:
+        """The wait before retry ``retry`` (from 1): ``min(base·2^(retry−1), max)``."""
+        return self._backoff.base(retry)
+
+    def plan(self, number: int) -> AttemptPlan:
+        """The model attempt ``number`` runs on.
+
+        The ``auto`` fallback replaces the model only on the last execution,
+        only when that execution is a retry (a step allowed a single run keeps
+        the model it asked for), and only for agents that accept ``auto``.
+        """
+        total = self.settings.max_executions
+        fallback = (
+            self.settings.fallback_auto_model
+            and self.agent.accepts_auto_model
+            and number == total
+            and number > 1
+        )
+        model = AUTO_MODEL if fallback else self.model
+        return AttemptPlan(number=number, total=total, model=model, fallback=fallback)
+
+    def decide(
+        self, plan: AttemptPlan, report: AttemptReport, signal: LimitSignal | None, *, now: datetime
+    ) -> Retry | Finish:
+        """What to do after attempt ``plan.number`` ended as ``report`` (see the module doc)."""
+        label = self.label
+        if report.start_error is not None:
+            message = f"Error: {label} could not be started: {report.start_error}"
+            return self._fail(Status.NEEDS_OPERATOR, report.exit_code, message, report)
+        if report.timed_out:
+            limit = format_seconds(report.timeout) if report.timeout is not None else "?"
+            message = (
+                f"Error: {label} timed out after {limit}s on attempt {plan.number} of"
+                f" {plan.total}; its process group was killed. A timeout is not retried."
+            )
+            return self._fail(Status.NEEDS_OPERATOR, EXIT_TIMEOUT, message, report)
+        if report.exit_code == 0:
+            if report.result_error is not None:
+                message = (
+                    f"Error: {label} exited 0 but its result is unusable: {report.result_error}"
+                )
+                return self._fail(Status.INVALID, EXIT_UNUSABLE_RESULT, message, report)
+            if plan.fallback:
+                note = (
+                    f"Note: {label} finished on --model {AUTO_MODEL} after the requested model"
+                    " stayed rate limited."
+                )
+                return Finish(
+                    status=Status.DEGRADED,
+                    reason=f"completed on --model {AUTO_MODEL} (fallback)",
+                    exit_code=0,
+                    value=report.result,
+                    note=note,
+                )
+            return Finish(
+                status=Status.COMPLETED, reason="completed", exit_code=0, value=report.result
+            )
+        if signal is not None and signal.kind is Kind.PERIOD_QUOTA:
+            message = period_quota_message(
+                label, signal=_signal_text(signal), reset_at=signal.reset_at, now=now
+            )
+            return self._fail(
+                Status.WAITING_FOR_RESET, EXIT_TEMPFAIL, message, report, signal=signal
+            )
+        if signal is not None and signal.kind in RETRIED_KINDS:
+            if plan.number >= plan.total:
+                message = exhausted_message(label, self.settings.max_retries)
+                return self._fail(
+                    Status.FAILED_RETRY_EXHAUSTED, EXIT_TEMPFAIL, message, report, signal=signal
+                )
+            return Retry(wait=self.wait_before(plan.number), retry=plan.number, signal=signal)
+        code = _shell_exit_code(report.exit_code)
+        message = f"Error: {label} failed (exit {code})"
+        if report.exit_code < 0:
+            message += f", killed by signal {-report.exit_code}"
+        status = (
+            Status.INVALID
+            if signal is not None and signal.kind is Kind.INVALID
+            else Status.NEEDS_OPERATOR
+        )
+        return self._fail(status, code, message, report, signal=signal)
+
+    def _fail(
+        self,
+        status: Status,
+        exit_code: int,
+        message: str,
+        report: AttemptReport,
+        *,
+        signal: LimitSignal | None = None,
+    ) -> Finish:
+        child = None if report.timed_out or report.start_error is not None else report.exit_code
+        failure = StepFailure(
+            exit_code=exit_code,
+            message=message,
+            child_exit_code=child,
+            timed_out=report.timed_out,
+        )
+        first_line = message.splitlines()[0].removeprefix("Error: ")
+        return Finish(
+            status=status,
+            reason=first_line,
+            exit_code=exit_code,
+            value=failure,
+            signal=signal,
+            retry_at=signal.reset_at if signal is not None else None,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"StepLoop(agent={self.agent.value}, label={self.label!r}, model={self.model!r}, "
+            f"{self.settings!r})"
+        )
+
+
+def _shell_exit_code(returncode: int) -> int:
+    """A child killed by signal N exits ``128 + N``, as a shell would report it."""
+    return 128 - returncode if returncode < 0 else returncode
