@@ -1,0 +1,468 @@
+"""The policy file's schema: every key, its default and its bounds, in one table.
+
+How it works.  A policy file is a tree of tables whose leaves are values.
+:data:`SCHEMA` describes every leaf once (:class:`Leaf`: kind, default,
+bounds, the sentence shown as "allowed").  :func:`check_layer` walks one
+raw mapping (a file, the environment, a dict) against it and returns its
+leaves flattened to *paths* (tuples such as ``("backoff", "max_delay_secs")``)
+with normalized values, plus every error found; it never stops at the first.
+Two subtrees are special: ``[limits."scope"]`` tables have free scope names
+and are validated by :class:`~rateloop.admission.spec.LimitSpec`, and
+``fallback.routes`` is a list of route tables, one leaf as a whole (lists
+are replaced whole when layering).
+
+Paths are written as TOML dotted keys; a segment that is not a bare word is
+quoted: ``limits."openai:gpt-4.1".requests_per_minute``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from difflib import get_close_matches
+from typing import Any, Literal
+
+from rateloop.admission.spec import LimitSpec
+from rateloop.errors import ConfigError
+from rateloop.route import Route
+
+__all__ = [
+    "SCHEMA",
+    "TABLES",
+    "Leaf",
+    "Path",
+    "check_layer",
+    "check_lock_path",
+    "cross_check",
+    "default_leaves",
+    "dotted",
+    "parse_path",
+]
+
+Path = tuple[str, ...]
+LeafKind = Literal["int", "float", "bool", "str", "choice", "strs", "routes"]
+
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+_MAX_SECS = 86_400.0
+
+
+class Invalid(Exception):
+    """A leaf value that does not fit its :class:`Leaf`; ``allowed`` says what would."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leaf:
+    """One configurable value: its kind, default, bounds and the allowed sentence."""
+
+    kind: LeafKind
+    default: Any
+    allowed: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+    lo_open: bool = False
+
+    def normalize(self, value: Any) -> Any:
+        """The value in canonical form (int → float for floats, list → tuple), or Invalid."""
+        if value is None:
+            if self.optional:
+                return None
+            raise Invalid
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise Invalid
+            return value
+        if self.kind in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise Invalid
+            if self.kind == "int" and not isinstance(value, int):
+                raise Invalid
+            number = value if self.kind == "int" else float(value)
+            if math.isnan(number) or math.isinf(number):
+                raise Invalid
+            if self.lo is not None and (number <= self.lo if self.lo_open else number < self.lo):
+                raise Invalid
+            if self.hi is not None and number > self.hi:
+                raise Invalid
+            return number
+        if self.kind in ("str", "choice"):
+            if not isinstance(value, str) or not value.strip():
+                raise Invalid
+            if self.choices and value not in self.choices:
+                raise Invalid
+            return value
+        if self.kind == "strs":
+            if not isinstance(value, list | tuple) or not all(
+                isinstance(v, str) and v.strip() for v in value
+            ):
+                raise Invalid
+            return tuple(value)
+        raise Invalid  # pragma: no cover - routes are handled by check_routes
+
+
+def _num(
+    kind: LeafKind, default: Any, lo: float, hi: float | None, unit: str = "", **kw: Any
+) -> Leaf:
+    kind_word = "an integer" if kind == "int" else "a number"
+    if hi is None:
+        allowed = f"{kind_word}{unit} >{'' if kw.get('lo_open') else '='} {lo:g}"
+    else:
+        allowed = f"{kind_word}{unit} from {lo:g} to {hi:g}"
+    if kw.get("optional"):
+        allowed += ", or unset"
+    return Leaf(kind=kind, default=default, allowed=allowed, lo=lo, hi=hi, **kw)
+
+
+def _choice(default: str, *choices: str) -> Leaf:
+    return Leaf(
+        kind="choice",
+        default=default,
+        choices=choices,
+        allowed=" | ".join(repr(c) for c in choices),
+    )
+
+
+_SECS = " of seconds"
+
+#: Every leaf of the policy file, by table ("" is the top level).
+SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
+    "": {
+        "max_attempts": _num("int", 20, 1, 1000),
+        "recovery_budget_secs": _num("float", 600.0, 1, _MAX_SECS, _SECS),
+        "pause_limit_secs": _num("float", 3600.0, 1, _MAX_SECS, _SECS),
+        "trigger_scope": _choice("transient", "rate-limit", "transient", "all"),
+        "on_exhausted": _choice("fail", "fail", "soft"),
+        "attempts_per_route": _num("int", None, 1, 1000, optional=True),
+        "max_wait_secs": _num("float", None, 1, _MAX_SECS, _SECS, optional=True),
+    },
+    "backoff": {
+        "strategy": _choice("exponential", "exponential", "linear", "constant", "decorrelated"),
+        "initial_delay_secs": _num("float", 5.0, 1, _MAX_SECS, _SECS),
+        "max_delay_secs": _num("float", 60.0, 1, _MAX_SECS, _SECS),
+        "multiplier": _num("float", 2.0, 1, None),
+        "jitter": _choice("equal", "none", "equal", "full"),
+    },
+    "fallback": {
+        "routes": Leaf(kind="routes", default=(), allowed="a list of route tables"),
+        "allowed_providers": Leaf(
+            kind="strs",
+            default=None,
+            optional=True,
+            allowed="a list of provider names, or unset for any provider",
+        ),
+        "max_cost_usd": _num("float", None, 0, None, " of US dollars", optional=True),
+        "data_class": Leaf(
+            kind="str", default=None, optional=True, allowed="a data class tag, e.g. 'pii'"
+        ),
+    },
+    "agents": {
+        "max_retries": _num("int", 5, 0, 100),
+        "base_delay_secs": _num("float", 60.0, 0, _MAX_SECS, _SECS),
+        "max_delay_secs": _num("float", 600.0, 0, _MAX_SECS, _SECS),
+        "fallback_auto_model": Leaf(kind="bool", default=False, allowed="true or false"),
+        "max_step_output_bytes": _num("int", 10_000_000, 1, None),
+    },
+    "admission": {
+        "backend": Leaf(
+            kind="str",
+            default="memory://",
+            allowed="a backend URL such as 'memory://' or 'redis://host:6379/0'",
+        ),
+        "on_unreachable": _choice("fail_closed", "fail_closed", "local"),
+        "local_share": _num("float", 1.0, 0, 1, lo_open=True),
+    },
+    "governance": {
+        "locked": Leaf(
+            kind="strs", default=(), allowed="a list of dot-paths, e.g. 'backoff.max_delay_secs'"
+        ),
+    },
+}
+
+#: The tables of a policy file, in the order they are printed.
+TABLES: tuple[str, ...] = ("backoff", "fallback", "limits", "agents", "admission", "governance")
+
+_LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LimitSpec))
+_ROUTE_FIELDS: Mapping[str, Leaf] = {
+    "provider": Leaf(kind="str", default=None, allowed="a provider name without ':'"),
+    "model": Leaf(kind="str", default=None, allowed="a model name without ':'"),
+    "project": Leaf(kind="str", default=None, optional=True, allowed="a project id, or unset"),
+    "tenant": Leaf(kind="str", default=None, optional=True, allowed="a tenant id, or unset"),
+    "context_window": _num("int", None, 1, None, " of tokens", optional=True),
+    "tags": Leaf(kind="strs", default=(), allowed="a list of data class tags, e.g. ['pii']"),
+    "input_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
+    "output_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
+}
+
+
+def dotted(path: Path) -> str:
+    """``("limits", "openai:gpt-4.1", "burst")`` → ``limits."openai:gpt-4.1".burst``."""
+    text = ""
+    for part in path:
+        if part.startswith("[") and text:  # a list index: routes[0]
+            text += part
+            continue
+        text += ("." if text else "") + (part if _BARE.match(part) else f'"{part}"')
+    return text
+
+
+def parse_path(text: str) -> Path:
+    """The inverse of :func:`dotted`; raises ValueError on a malformed path."""
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] == '"':
+            end = text.find('"', i + 1)
+            if end < 0:
+                raise ValueError(f"unclosed quote in {text!r}")
+            parts.append(text[i + 1 : end])
+            i = end + 1
+        else:
+            end = text.find(".", i)
+            end = n if end < 0 else end
+            part = text[i:end].strip()
+            if not part:
+                raise ValueError(f"empty segment in {text!r}")
+            parts.append(part)
+            i = end
+        if i < n:
+            if text[i] != ".":
+                raise ValueError(f"expected '.' after a quoted segment in {text!r}")
+            i += 1
+            if i == n:
+                raise ValueError(f"trailing '.' in {text!r}")
+    if not parts:
+        raise ValueError("empty path")
+    return tuple(parts)
+
+
+def _hint(name: str, known: list[str]) -> str:
+    found = get_close_matches(name, known, n=1)
+    return f"; did you mean {found[0]!r}?" if found else ""
+
+
+def _where_else(name: str, table: str) -> str:
+    """A hint for a key that exists, but in another table."""
+    for other, leaves in SCHEMA.items():
+        if other != table and name in leaves:
+            return f"; it belongs {f'in [{other}]' if other else 'at the top level'}"
+    return ""
+
+
+def check_lock_path(text: object) -> Path:
+    """A lock path that names a known leaf or table; raises Invalid otherwise."""
+    if not isinstance(text, str):
+        raise Invalid
+    try:
+        path = parse_path(text)
+    except ValueError:
+        raise Invalid from None
+    head, rest = path[0], path[1:]
+    if not rest and (head in SCHEMA[""] or head in TABLES) and head != "governance":
+        return path
+    if head == "limits":
+        if len(rest) == 1 or (len(rest) == 2 and rest[1] in _LIMIT_FIELDS):
+            return path
+        raise Invalid
+    if (
+        head in SCHEMA
+        and head not in ("", "governance")
+        and len(rest) == 1
+        and rest[0] in SCHEMA[head]
+    ):
+        return path
+    raise Invalid
+
+
+class _Checker:
+    """Collects the leaves and errors of one layer."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.leaves: dict[Path, Any] = {}
+        self.errors: list[ConfigError] = []
+
+    def error(self, path: Path, message: str, value: Any, allowed: str) -> None:
+        self.errors.append(
+            ConfigError(message, source=self.source, key=dotted(path), value=value, allowed=allowed)
+        )
+
+    def invalid(self, path: Path, value: Any, allowed: str) -> None:
+        self.error(path, f"invalid value {value!r}", value, allowed)
+
+    def unknown(self, path: Path, known: list[str], value: Any, table: str) -> None:
+        name = str(path[-1])
+        hint = _where_else(name, table) or _hint(name, known)
+        self.error(path, f"unknown key {name!r}{hint}", value, ", ".join(known))
+
+    def table(self, path: Path, value: Any) -> Mapping[Any, Any] | None:
+        if isinstance(value, Mapping):
+            return value
+        self.error(path, f"must be a table, got {value!r}", value, "a table of keys")
+        return None
+
+    def leaf(self, path: Path, spec: Leaf, value: Any) -> None:
+        try:
+            self.leaves[path] = spec.normalize(value)
+        except Invalid:
+            self.invalid(path, value, spec.allowed)
+
+    def routes(self, path: Path, value: Any) -> None:
+        if not isinstance(value, list | tuple):
+            self.invalid(path, value, "a list of route tables ([[fallback.routes]])")
+            return
+        routes: list[Route] = []
+        before = len(self.errors)
+        for i, item in enumerate(value):
+            item_path = (*path, f"[{i}]")
+            if isinstance(item, Route):
+                routes.append(item)
+                continue
+            table = self.table(item_path, item)
+            if table is None:
+                continue
+            args: dict[str, Any] = {}
+            for key, v in table.items():
+                spec = _ROUTE_FIELDS.get(str(key))
+                if spec is None:
+                    self.unknown((*item_path, str(key)), list(_ROUTE_FIELDS), v, "")
+                    continue
+                try:
+                    args[str(key)] = spec.normalize(v)
+                except Invalid:
+                    self.invalid((*item_path, str(key)), v, spec.allowed)
+            for required in ("provider", "model"):
+                if required not in table:
+                    self.error(
+                        (*item_path, required),
+                        "missing",
+                        None,
+                        _ROUTE_FIELDS[required].allowed,
+                    )
+            if len(self.errors) == before:
+                try:
+                    routes.append(Route(**args))
+                except ValueError as exc:
+                    self.error(item_path, str(exc), table, "a valid route")
+        if len(self.errors) == before:
+            self.leaves[path] = tuple(routes)
+
+    def limits(self, value: Any) -> None:
+        scopes = self.table(("limits",), value)
+        for scope, spec in (scopes or {}).items():
+            path = ("limits", str(scope))
+            if not isinstance(scope, str) or not scope:
+                self.error(path, f"invalid scope key {scope!r}", scope, "a scope key string")
+                continue
+            try:
+                LimitSpec.from_mapping(spec, source=self.source, key=dotted(path))
+            except ConfigError as exc:
+                self.errors.extend(exc.errors)
+                continue
+            for name, v in spec.items():
+                self.leaves[(*path, name)] = v
+
+    def locked(self, value: Any) -> None:
+        path = ("governance", "locked")
+        spec = SCHEMA["governance"]["locked"]
+        if not isinstance(value, list | tuple):
+            self.invalid(path, value, spec.allowed)
+            return
+        good: list[str] = []
+        for i, item in enumerate(value):
+            try:
+                good.append(dotted(check_lock_path(item)))
+            except Invalid:
+                known = [
+                    *SCHEMA[""],
+                    *(f"{t}.{k}" for t in TABLES if t in SCHEMA for k in SCHEMA[t]),
+                ]
+                self.error(
+                    ("governance", "locked", f"[{i}]"),
+                    f"invalid value {item!r}{_hint(str(item), known)}",
+                    item,
+                    "the dot-path of a policy key or table, e.g. 'backoff.max_delay_secs', "
+                    "'limits.\"openai:gpt-5\"' (governance cannot be locked)",
+                )
+        self.leaves[path] = tuple(good)
+
+
+def check_layer(data: Any, source: str) -> tuple[dict[Path, Any], list[ConfigError]]:
+    """Validate one raw layer; return its normalized leaves and every error found."""
+    c = _Checker(source)
+    if not isinstance(data, Mapping):
+        c.errors.append(
+            ConfigError(
+                f"the policy must be a table of keys, got {data!r}",
+                source=source,
+                value=data,
+                allowed="a table (mapping) at the top level",
+            )
+        )
+        return c.leaves, c.errors
+    top_known = [*SCHEMA[""], *TABLES]
+    for key, value in data.items():
+        name = str(key)
+        if name in SCHEMA[""]:
+            c.leaf((name,), SCHEMA[""][name], value)
+        elif name == "limits":
+            c.limits(value)
+        elif name == "governance":
+            table = c.table((name,), value)
+            for sub, v in (table or {}).items():
+                if sub == "locked":
+                    c.locked(v)
+                else:
+                    c.unknown((name, str(sub)), list(SCHEMA[name]), v, name)
+        elif name in SCHEMA:
+            table = c.table((name,), value)
+            for sub, v in (table or {}).items():
+                spec = SCHEMA[name].get(str(sub))
+                if spec is None:
+                    c.unknown((name, str(sub)), list(SCHEMA[name]), v, name)
+                elif spec.kind == "routes":
+                    c.routes((name, str(sub)), v)
+                else:
+                    c.leaf((name, str(sub)), spec, v)
+        else:
+            c.unknown((name,), top_known, value, "")
+    return c.leaves, c.errors
+
+
+def cross_check(values: Mapping[Path, Any]) -> list[tuple[Path, str, Any, str]]:
+    """Rules between leaves of the effective policy: (path, message, value, allowed)."""
+    problems: list[tuple[Path, str, Any, str]] = []
+    initial = values[("backoff", "initial_delay_secs")]
+    cap = values[("backoff", "max_delay_secs")]
+    if initial > cap:
+        problems.append(
+            (
+                ("backoff", "initial_delay_secs"),
+                f"initial_delay_secs {initial:g} is above max_delay_secs {cap:g}",
+                initial,
+                f"1 <= initial_delay_secs <= max_delay_secs ({cap:g})",
+            )
+        )
+    per_route = values[("attempts_per_route",)]
+    attempts = values[("max_attempts",)]
+    if per_route is not None and per_route > attempts:
+        problems.append(
+            (
+                ("attempts_per_route",),
+                f"attempts_per_route {per_route} is above max_attempts {attempts}",
+                per_route,
+                f"an integer from 1 to max_attempts ({attempts}), or unset",
+            )
+        )
+    return problems
+
+
+def default_leaves() -> dict[Path, Any]:
+    """The default of every fixed leaf (limits have none: no scope is limited by default)."""
+    return {
+        ((name,) if table == "" else (table, name)): spec.default
+        for table, leaves in SCHEMA.items()
+        for name, spec in leaves.items()
+    }
