@@ -1,0 +1,283 @@
+"""The Redis backend: every operation is one Lua script, one round trip.
+
+How it works.  Each operation of :mod:`rateloop.admission.plan` is encoded
+into ``KEYS``/``ARGV`` and run by one script (``admit.lua``, ``settle.lua``,
+``pause.lua``, ``observe.lua``; each prefixed with ``_common.lua``), shipped
+as package data.  Scripts are registered once per client and called with
+``EVALSHA``; redis-py loads them on ``NOSCRIPT`` and retries.  The scripts
+read the server's ``TIME``, so every worker agrees on the clock, and they run
+atomically, so all dimensions of all scopes are admitted together or not at
+all, however many processes share the server.
+
+Keys, per scope key ``S`` (``prefix`` defaults to ``rateloop:``)::
+
+    {prefix}s:{S}   hash: bucket levels/timestamps, day counts, blocks, AIMD factor
+    {prefix}l:{S}   sorted set: concurrency leases scored by expiry
+    {prefix}p:{S}   string "resume_time|reason" while the scope is paused
+
+Every write extends the key's TTL (``PEXPIRE``) to when its state stops
+mattering, so idle keys vanish by themselves.  A single Redis node (or a
+primary) is assumed: the keys of several scopes are touched by one script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rateloop.admission.backend import BackendUnreachable
+from rateloop.admission.gcra import LEASE_POLL_SECONDS
+from rateloop.admission.plan import (
+    AdmitOp,
+    AdmitResult,
+    CheckKind,
+    ObserveOp,
+    PauseOp,
+    PauseResult,
+    SettleOp,
+)
+from rateloop.errors import BackendError
+from rateloop.signal import Dimension
+
+try:
+    import redis
+    import redis.asyncio as aredis
+    from redis.commands.core import AsyncScript, Script
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
+    ) from exc
+
+__all__ = ["RedisBackend", "redact_url"]
+
+_SCRIPTS = ("admit", "settle", "pause", "observe")
+_HOW_TO_START = (
+    "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
+    "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
+)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _script_text(name: str) -> str:
+    package = resources.files("rateloop.admission")
+    common = package.joinpath("_common.lua").read_text(encoding="utf-8")
+    return common + "\n" + package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+class RedisBackend:
+    """Limiter state in Redis, shared by every process that uses the same prefix."""
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "rateloop:",
+        socket_timeout: float = 5.0,
+        socket_connect_timeout: float | None = None,
+        **options: Any,
+    ) -> None:
+        self._raw_url = url
+        self.url = redact_url(url)
+        self.prefix = prefix
+        self._options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout or socket_timeout,
+            "decode_responses": True,
+            **options,
+        }
+        self._texts = {name: _script_text(name) for name in _SCRIPTS}
+        self._client: redis.Redis | None = None
+        self._scripts: dict[str, Script] = {}
+        # redis.asyncio connections belong to one event loop: one client per loop.
+        self._aclients: dict[
+            asyncio.AbstractEventLoop, tuple[aredis.Redis, dict[str, AsyncScript]]
+        ] = {}
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self.url!r}, prefix={self.prefix!r})"
+
+    # -- clients ------------------------------------------------------------------------
+
+    def _sync_scripts(self) -> dict[str, Script]:
+        if self._client is None:
+            client = redis.Redis.from_url(self._raw_url, **self._options)
+            self._scripts = {n: client.register_script(t) for n, t in self._texts.items()}
+            self._client = client
+        return self._scripts
+
+    def _async_scripts(self) -> dict[str, AsyncScript]:
+        loop = asyncio.get_running_loop()
+        entry = self._aclients.get(loop)
+        if entry is None:
+            client = aredis.Redis.from_url(self._raw_url, **self._options)
+            scripts = {n: client.register_script(t) for n, t in self._texts.items()}
+            entry = self._aclients[loop] = (client, scripts)
+        return entry[1]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close the async client of the running loop (and forget clients of closed loops)."""
+        loop = asyncio.get_running_loop()
+        entry = self._aclients.pop(loop, None)
+        for dead in [lp for lp in self._aclients if lp.is_closed()]:
+            del self._aclients[dead]
+        if entry is not None:
+            await entry[0].aclose()
+
+    def _error(self, exc: Exception) -> BackendError:
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            return BackendUnreachable(
+                f"Redis at {self.url} is unreachable ({exc}); {_HOW_TO_START}"
+            )
+        return BackendError(f"Redis at {self.url} failed: {exc}")
+
+    # -- the Backend protocol ---------------------------------------------------------------
+
+    def execute(self, op: object) -> object:
+        name, keys, args, decode = self._encode(op)
+        try:
+            reply = self._sync_scripts()[name](keys=keys, args=args)
+        except redis.RedisError as exc:
+            raise self._error(exc) from exc
+        return decode(reply)
+
+    async def aexecute(self, op: object) -> object:
+        name, keys, args, decode = self._encode(op)
+        try:
+            reply = await self._async_scripts()[name](keys=keys, args=args)
+        except redis.RedisError as exc:
+            raise self._error(exc) from exc
+        return decode(reply)
+
+    # -- encoding operations --------------------------------------------------------------------
+
+    def _keys(self, scopes: tuple[str, ...]) -> list[str]:
+        keys: list[str] = []
+        for scope in scopes:
+            keys += [
+                f"{self.prefix}s:{scope}",
+                f"{self.prefix}l:{scope}",
+                f"{self.prefix}p:{scope}",
+            ]
+        return keys
+
+    def _encode(self, op: object) -> tuple[str, list[str], list[str], Any]:
+        if isinstance(op, AdmitOp):
+            return self._encode_admit(op)
+        if isinstance(op, SettleOp):
+            return self._encode_settle(op)
+        if isinstance(op, PauseOp):
+            return (
+                "pause",
+                [f"{self.prefix}p:{op.scope}"],
+                [_fmt(op.seconds), op.reason],
+                lambda r: PauseResult(now=float(r[0]), until=float(r[1])),
+            )
+        if isinstance(op, ObserveOp):
+            return self._encode_observe(op)
+        raise TypeError(f"RedisBackend cannot execute {op!r}")
+
+    def _encode_admit(self, op: AdmitOp) -> tuple[str, list[str], list[str], Any]:
+        scopes = _scopes_of(op.scopes, (c.scope for c in op.checks))
+        index = {s: i + 1 for i, s in enumerate(scopes)}
+        args = [op.lease_id or "", _fmt(op.aimd.recover_per_second), _fmt(LEASE_POLL_SECONDS)]
+        args.append(str(len(scopes)))
+        for c in op.checks:
+            extra = c.offset if c.kind is CheckKind.DAY else c.ttl
+            args += [
+                str(index[c.scope]),
+                c.dimension.value,
+                c.kind.value,
+                _fmt(c.capacity),
+                _fmt(c.allowed),
+                _fmt(c.amount),
+                _fmt(c.rate),
+                "1" if c.scaled else "0",
+                _fmt(extra),
+            ]
+
+        def decode(reply: list[Any]) -> AdmitResult:
+            granted, now, wait, scope_i, field, never, paused, reason = reply
+            scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
+            return AdmitResult(
+                granted=bool(int(granted)),
+                now=float(now),
+                wait=float(wait),
+                scope=scope,
+                dimension=Dimension(field) if field else None,
+                never_fits=bool(int(never)),
+                paused_reason=str(reason) if int(paused) else None,
+            )
+
+        return "admit", self._keys(scopes), args, decode
+
+    def _encode_settle(self, op: SettleOp) -> tuple[str, list[str], list[str], Any]:
+        extra = [a.check.scope for a in op.adjustments]
+        if op.lease_scope is not None:
+            extra.append(op.lease_scope)
+        scopes = _scopes_of(op.scopes, extra)
+        index = {s: i + 1 for i, s in enumerate(scopes)}
+        lease_i = index[op.lease_scope] if op.lease_scope and op.lease_id else 0
+        args = [_fmt(op.aimd.recover_per_second), str(lease_i), op.lease_id or ""]
+        for a in op.adjustments:
+            c = a.check
+            args += [
+                str(index[c.scope]),
+                c.dimension.value,
+                _fmt(c.rate),
+                "1" if c.scaled else "0",
+                _fmt(a.delta),
+            ]
+        return "settle", self._keys(scopes), args, float
+
+    def _encode_observe(self, op: ObserveOp) -> tuple[str, list[str], list[str], Any]:
+        a = op.aimd
+        args = [
+            "1" if op.lower else "0",
+            _fmt(a.decrease),
+            _fmt(a.floor),
+            _fmt(a.recover_per_second),
+            _fmt(a.cooldown),
+        ]
+        for t in op.tightenings:
+            c = t.check
+            args += [
+                c.dimension.value,
+                c.kind.value,
+                _fmt(c.capacity),
+                _fmt(c.rate),
+                "1" if c.scaled else "0",
+                _fmt(c.offset),
+                "" if t.remaining is None else _fmt(t.remaining),
+                "" if t.reset_after is None else _fmt(t.reset_after),
+            ]
+        return "observe", [f"{self.prefix}s:{op.scope}"], args, float
+
+
+def _scopes_of(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
+    seen = dict.fromkeys(first)
+    for scope in more:
+        seen.setdefault(scope)
+    return tuple(seen)
