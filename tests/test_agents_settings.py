@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,8 +12,10 @@ from rateloop.agents.settings import (
     AgentSettings,
     SettingsLayer,
     layer_from_env,
+    layer_from_policy,
     resolve_settings,
 )
+from rateloop.errors import ConfigError
 
 
 def test_defaults() -> None:
@@ -153,3 +157,26 @@ def test_repr_is_readable() -> None:
         "AgentSettings(max_retries=5, base_delay_secs=60, max_delay_secs=600, "
         "fallback_auto_model=False, max_step_output_bytes=10000000)"
     )
+
+
+def test_policy_file_agents_table(tmp_path: Path) -> None:
+    toml = tmp_path / "policy.toml"
+    toml.write_text("[agents]\nmax_retries = 2\nbase_delay_secs = 5\nfallback_auto_model = true\n")
+    layer = layer_from_policy(toml)
+    s = resolve_settings(policy=layer, env=layer_from_env({"RATELOOP_BASE_DELAY_SECS": "7"}))
+    assert (s.max_retries, s.base_delay_secs, s.max_delay_secs, s.fallback_auto_model) == (
+        2,
+        7.0,
+        600.0,
+        True,
+    )
+    yaml = tmp_path / "policy.yaml"
+    yaml.write_text("agents:\n  max_retries: 3\n")
+    assert resolve_settings(policy=layer_from_policy(yaml)).max_retries == 3
+
+
+def test_a_bad_policy_file_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.toml"
+    bad.write_text('[agents]\nmax_retries = "many"\n')
+    with pytest.raises(ConfigError, match=r"agents\.max_retries"):
+        layer_from_policy(bad)

@@ -14,7 +14,9 @@ Environment:
   that ignores SIGTERM and sleeps; its pid is written to ``FAKE_AGENT_PIDS``),
   ``ignore_term`` (this process ignores SIGTERM too), ``message`` (codex:
   text for the ``--output-last-message`` file) or ``message_bytes`` (codex:
-  that many bytes of ``x``), ``message_raw_hex`` (codex: raw bytes, hex).
+  that many bytes of ``x``), ``message_raw_hex`` (codex: raw bytes, hex),
+  ``echo_stdin`` (copy stdin to stdout), ``wait_for_file`` (after printing,
+  wait up to 10 s for that file to exist; exit 3 if it never does).
 - ``FAKE_AGENT_CALLS``: a file; each run appends its argv as one JSON line.
 """
 
@@ -62,13 +64,8 @@ def main() -> int:
     if step.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if step.get("grandchild"):
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
-            ]
-        )
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+        child = subprocess.Popen([sys.executable, "-c", code])
         with open(os.environ["FAKE_AGENT_PIDS"], "a", encoding="utf-8") as f:
             f.write(f"{child.pid}\n")
 
@@ -90,6 +87,15 @@ def main() -> int:
     if "stderr" in step:
         sys.stderr.write(step["stderr"])
         sys.stderr.flush()
+    if step.get("echo_stdin"):
+        sys.stdout.write(sys.stdin.read())
+        sys.stdout.flush()
+    if "wait_for_file" in step:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(step["wait_for_file"]):
+            if time.monotonic() > deadline:
+                return 3
+            time.sleep(0.01)
     if "sleep" in step:
         time.sleep(float(step["sleep"]))
     return int(step.get("exit", 0))

@@ -17,12 +17,12 @@ as unset (so the layer below, usually the default, applies).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from pathlib import Path
+from rateloop.policy import Policy
 
 __all__ = [
     "DEFAULT_BASE_DELAY_SECS",
@@ -177,27 +177,20 @@ def layer_from_env(environ: Mapping[str, str]) -> SettingsLayer:
     )
 
 
-def layer_from_policy(path: str | Path) -> SettingsLayer:
-    """The ``[agents]`` table of a policy file (TOML, or YAML by suffix).
+def layer_from_policy(path: str | os.PathLike[str]) -> SettingsLayer:
+    """The ``[agents]`` table of a policy file (TOML, YAML or pyproject.toml, by name).
 
     The policy file is validated strictly by :mod:`rateloop.policy` (a bad
     file raises :class:`~rateloop.errors.ConfigError` naming the key); unlike
     the environment, a file is something the user wrote on purpose.
     """
-    from rateloop.policy import Policy  # lazy: the policy model is only needed with --policy
-
-    suffix = str(path).lower().rsplit(".", 1)[-1]
-    if suffix in ("yaml", "yml"):
-        policy = Policy.from_yaml(path)
-    else:
-        policy = Policy.from_toml(path)
-    agents = policy.agents
+    agents = Policy.from_file(path).agents
     return SettingsLayer(
-        max_retries=int(agents.max_retries),
-        base_delay_secs=float(agents.base_delay_secs),
-        max_delay_secs=float(agents.max_delay_secs),
-        fallback_auto_model=bool(agents.fallback_auto_model),
-        max_step_output_bytes=int(agents.max_step_output_bytes),
+        max_retries=agents.max_retries,
+        base_delay_secs=agents.base_delay_secs,
+        max_delay_secs=agents.max_delay_secs,
+        fallback_auto_model=agents.fallback_auto_model,
+        max_step_output_bytes=agents.max_step_output_bytes,
     )
 
 
