@@ -1,0 +1,246 @@
+"""One suite, every backend: the same behaviour from memory:// and redis://.
+
+The memory limiter runs on a FakeClock that never moves unless told; the Redis
+limiter runs on the server's TIME, so these tests assert on denials and their
+``retry_after`` (with a small tolerance for the milliseconds between calls),
+never on elapsed wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from rateloop.admission.gcra import DAY
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.reservation import AdmissionTimeout, Denied, Reservation
+from rateloop.admission.spec import LimitSpec
+from rateloop.route import Cost, Route
+from rateloop.signal import Dimension, Kind, LimitSignal, Observed
+from rateloop.testing import FakeClock
+
+MODEL = "openai:gpt-5"
+ROUTE = Route(provider="openai", model="gpt-5", project="proj-1", tenant="t-7")
+TOL = 0.05  # seconds: Redis time moves between two calls of one test
+
+
+@pytest.fixture(params=["memory", "redis"])
+def limiter(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Limiter]:
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")
+        lim = Limiter.from_url(url, prefix=prefix, rng=random.Random(1))
+    else:
+        lim = Limiter(clock=clock, rng=random.Random(1))
+    yield lim
+    lim.close()
+
+
+def peer(limiter: Limiter) -> Limiter:
+    """Another worker on the same shared state (no limits of its own yet)."""
+    return Limiter(limiter.backend, rng=random.Random(2))
+
+
+def fill(limiter: Limiter, route: Route, cost: Cost, *, priority: str = "interactive") -> int:
+    granted = 0
+    while isinstance(limiter.try_reserve(route, cost, priority=priority), Reservation):
+        granted += 1
+        assert granted < 10_000
+    return granted
+
+
+def denied(result: Reservation | Denied) -> Denied:
+    assert isinstance(result, Denied), result
+    return result
+
+
+def test_burst_then_continuous_refill_wait(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=120, burst=0.5))
+    assert fill(limiter, ROUTE, Cost()) == 60
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert (d.scope, d.dimension, d.never_fits) == (MODEL, Dimension.REQUESTS, False)
+    assert d.retry_after == pytest.approx(0.5, abs=TOL)
+
+
+def test_all_dimensions_of_all_scopes_or_none(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=10, input_tokens_per_minute=1_000))
+    limiter.set_limits(ROUTE.scope, LimitSpec(output_tokens_per_minute=600))
+    assert limiter.try_reserve(ROUTE, Cost(input_tokens=100, output_tokens=600))
+    d = denied(limiter.try_reserve(ROUTE, Cost(input_tokens=900, output_tokens=600)))
+    assert (d.scope, d.dimension) == (ROUTE.scope, Dimension.OUTPUT_TOKENS)
+    assert d.retry_after == pytest.approx(60.0, abs=TOL)
+    # The denial took nothing: 900 input tokens and 9 requests are still there.
+    other = Route(provider="openai", model="gpt-5", project="proj-2")
+    assert limiter.try_reserve(other, Cost(input_tokens=900))
+    assert fill(limiter, other, Cost()) == 8
+
+
+def test_cost_above_the_limit_never_fits(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(tokens_per_minute=1_000))
+    d = denied(limiter.try_reserve(ROUTE, Cost(input_tokens=700, output_tokens=301)))
+    assert d.never_fits
+    assert d.dimension is Dimension.TOKENS
+    assert "1001" in d.reason
+
+
+def test_settle_refunds_and_release_keeps_the_request(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=2, output_tokens_per_minute=1_000))
+    r = limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    assert isinstance(r, Reservation)
+    assert not limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    r.settle(50, 100)
+    r.settle(50, 100)  # idempotent
+    r2 = limiter.try_reserve(ROUTE, Cost(output_tokens=800))
+    assert isinstance(r2, Reservation)
+    r2.release()
+    r2.release()
+    # Tokens are back, but both requests were spent (the denial spent none).
+    d = denied(limiter.try_reserve(ROUTE, Cost(output_tokens=800)))
+    assert d.dimension is Dimension.REQUESTS
+
+
+def test_overuse_is_charged(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(output_tokens_per_minute=600))
+    r = limiter.try_reserve(ROUTE, Cost(output_tokens=100))
+    assert isinstance(r, Reservation)
+    r.settle(0, 700)  # 100 units of debt above the 600 burst
+    d = denied(limiter.try_reserve(ROUTE, Cost(output_tokens=10)))
+    assert d.retry_after == pytest.approx(11.0, abs=TOL)  # (100 + 10) / 10 per second
+
+
+def test_concurrency_leases(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(concurrency=2))
+    a = limiter.try_reserve(ROUTE, Cost())
+    b = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(a, Reservation) and isinstance(b, Reservation)
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert d.dimension is Dimension.CONCURRENCY
+    assert 0 < d.retry_after <= 0.05 + TOL
+    a.release()
+    with limiter.try_reserve(ROUTE, Cost()) as c:  # type: ignore[union-attr]
+        assert isinstance(c, Reservation)
+        assert not limiter.try_reserve(ROUTE, Cost())
+    assert limiter.try_reserve(ROUTE, Cost())
+
+
+def test_pause_covers_narrower_scopes_and_adds_a_small_spread(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=1_000))
+    other = peer(limiter)
+    other.pause(MODEL, 30.0, "429 retry-after 30")
+    other.pause(MODEL, 5.0, "a shorter pause never shortens")
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert d.scope == MODEL
+    assert d.dimension is None
+    assert "429 retry-after 30" in d.reason
+    assert 30.0 - TOL <= d.retry_after <= 31.0 + TOL
+    spreads = {denied(limiter.try_reserve(ROUTE, Cost())).retry_after for _ in range(5)}
+    assert len(spreads) > 1  # waiters do not all wake at the same instant
+    assert limiter.try_reserve(Route(provider="openai", model="gpt-4o"), Cost())
+
+
+def test_observe_remaining_zero_empties_the_dimension_until_reset(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=100, tokens_per_minute=10_000))
+    requests_left = Observed(dimension=Dimension.REQUESTS, remaining=3, reset_after=1.0)
+    limiter.observe(MODEL, LimitSignal.of(Kind.OK, observed=(requests_left,)))
+    assert fill(limiter, ROUTE, Cost()) == 3  # the provider said 3 remain, not 100
+    no_tokens = Observed(dimension=Dimension.TOKENS, remaining=0, reset_after=20.0)
+    limiter.observe(MODEL, LimitSignal.of(Kind.OK, observed=(no_tokens,)))
+    d = denied(limiter.try_reserve(ROUTE, Cost(input_tokens=1)))
+    assert d.dimension is Dimension.TOKENS
+    assert d.retry_after == pytest.approx(20.0, abs=TOL)
+
+
+def test_zero_config_takes_limits_from_headers(limiter: Limiter) -> None:
+    signal = LimitSignal.of(
+        Kind.OK,
+        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6),),
+    )
+    limiter.observe(MODEL, signal)
+    assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=6)
+    assert fill(limiter, ROUTE, Cost()) == 6
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert d.retry_after == pytest.approx(10.0, abs=TOL)
+
+
+def test_429_despite_admission_lowers_the_rate(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=60))
+    assert fill(limiter, ROUTE, Cost()) == 60
+    assert denied(limiter.try_reserve(ROUTE, Cost())).retry_after == pytest.approx(1.0, abs=TOL)
+    throttled = LimitSignal.of(Kind.TEMPORARY, status=429, retry_after=1.0)
+    limiter.observe(MODEL, throttled)
+    limiter.observe(MODEL, throttled)  # same burst: within the cooldown, no second decrease
+    slowed = denied(limiter.try_reserve(ROUTE, Cost())).retry_after
+    assert slowed == pytest.approx(1.25, abs=TOL)  # rate × 0.8
+
+
+def test_priority_classes_keep_a_reserve(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=100, reserve=0.1))
+    assert fill(limiter, ROUTE, Cost(), priority="background") == 80
+    assert fill(limiter, ROUTE, Cost(), priority="scheduled") == 10
+    assert fill(limiter, ROUTE, Cost(), priority="interactive") == 10
+    with pytest.raises(ValueError, match="urgent"):
+        limiter.try_reserve(ROUTE, Cost(), priority="urgent")
+
+
+def test_tenants_get_their_own_share(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=100))
+    for tenant in ("a", "b"):
+        limiter.set_limits(f"{MODEL}:proj-1:{tenant}", LimitSpec(requests_per_minute=30))
+    a = Route(provider="openai", model="gpt-5", project="proj-1", tenant="a")
+    b = Route(provider="openai", model="gpt-5", project="proj-1", tenant="b")
+    assert fill(limiter, a, Cost()) == 30
+    assert fill(limiter, b, Cost()) == 30
+
+
+def test_fixed_day_window_and_rolling_day(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_day=2, day_window="rolling"))
+    assert fill(limiter, ROUTE, Cost()) == 2
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert d.dimension is Dimension.REQUESTS_PER_DAY
+    assert d.retry_after == pytest.approx(DAY / 2, abs=TOL)
+    other = Route(provider="openai", model="o3")
+    limiter.set_limits("openai:o3", LimitSpec(requests_per_day=2, day_window="fixed"))
+    r = limiter.try_reserve(other, Cost())
+    assert isinstance(r, Reservation)
+    assert fill(limiter, other, Cost()) == 1
+    d = denied(limiter.try_reserve(other, Cost()))
+    assert d.dimension is Dimension.REQUESTS_PER_DAY
+    # The window resets at 00:00 UTC: the wait is the rest of the (backend's) day.
+    wall = r.granted_at if limiter.backend.url != "memory://" else None
+    if wall is not None:
+        assert d.retry_after == pytest.approx(DAY - wall % DAY, abs=TOL)
+    else:
+        assert d.retry_after == pytest.approx(DAY)  # FakeClock starts at midnight
+
+
+def test_reserve_gives_up_before_the_deadline(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=6))
+    assert fill(limiter, ROUTE, Cost()) == 6
+    with pytest.raises(AdmissionTimeout) as info:
+        limiter.reserve(ROUTE, Cost(), deadline=0.0)
+    assert info.value.retry_after == pytest.approx(10.0, abs=TOL)
+
+
+def test_async_twins(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=5, concurrency=3))
+
+    async def main() -> None:
+        held = [await limiter.atry_reserve(ROUTE, Cost()) for _ in range(3)]
+        assert all(isinstance(h, Reservation) for h in held)
+        assert denied(await limiter.atry_reserve(ROUTE, Cost())).dimension is (
+            Dimension.CONCURRENCY
+        )
+        for h in held:
+            assert isinstance(h, Reservation)
+            await h.asettle(0, 0)
+        async with await limiter.areserve(ROUTE, Cost()):
+            pass
+        await limiter.apause(MODEL, 10.0, "async pause")
+        assert denied(await limiter.atry_reserve(ROUTE, Cost())).retry_after > 9
+        await limiter.aobserve(MODEL, LimitSignal.of(Kind.TEMPORARY, status=429))
+        await limiter.aclose()
+
+    asyncio.run(main())
