@@ -38,6 +38,9 @@ from rateloop.policy._schema import (
 __all__ = ["Merged", "PolicyWarning", "merge"]
 
 log = logging.getLogger("rateloop.policy")
+# A library does not print by itself: without the application's logging set up,
+# lock warnings stay on Policy.warnings instead of reaching stderr via lastResort.
+log.addHandler(logging.NullHandler())
 
 _LOCKED: Path = ("governance", "locked")
 
