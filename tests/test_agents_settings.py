@@ -118,6 +118,11 @@ def test_precedence_flags_env_policy_defaults() -> None:
     assert resolve_settings() == AgentSettings()
 
 
+def test_delays_saturate_at_a_day() -> None:
+    s = resolve_settings(flags=SettingsLayer(base_delay_secs=1e308, max_delay_secs=float("inf")))
+    assert (s.base_delay_secs, s.max_delay_secs) == (86_400.0, 86_400.0)
+
+
 def test_flags_are_clamped_like_env() -> None:
     s = resolve_settings(
         flags=SettingsLayer(max_retries=5000, base_delay_secs=9.0, max_delay_secs=1)

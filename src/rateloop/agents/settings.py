@@ -5,8 +5,8 @@ command-line flags) is read into a :class:`SettingsLayer` whose fields are
 ``None`` where the source says nothing.  :func:`resolve_settings` stacks the
 layers over the defaults (flags > env > policy file > defaults) and then
 normalizes the result once: ``max_retries`` is clamped to ``[0, 100]``, a
-negative delay becomes 0, and ``max_delay_secs`` is raised to
-``base_delay_secs`` when it is lower.
+delay is clamped to ``[0, MAX_WAIT_SECONDS]`` (a day: no sleep overflows),
+and ``max_delay_secs`` is raised to ``base_delay_secs`` when it is lower.
 
 Environment parsing is lenient on purpose: these variables are set by CI
 systems and recipe runners the step cannot control, and a typo there must
@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 from rateloop.policy import Policy
+from rateloop.signal import MAX_WAIT_SECONDS
 
 __all__ = [
     "DEFAULT_BASE_DELAY_SECS",
@@ -93,8 +94,8 @@ class AgentSettings:
     def normalized(self) -> AgentSettings:
         """The same settings with every documented clamp applied."""
         retries = min(max(self.max_retries, 0), MAX_RETRIES_LIMIT)
-        base = _non_negative(self.base_delay_secs, DEFAULT_BASE_DELAY_SECS)
-        cap = max(_non_negative(self.max_delay_secs, DEFAULT_MAX_DELAY_SECS), base)
+        base = _delay(self.base_delay_secs, DEFAULT_BASE_DELAY_SECS)
+        cap = max(_delay(self.max_delay_secs, DEFAULT_MAX_DELAY_SECS), base)
         limit = self.max_step_output_bytes
         if limit <= 0:
             limit = DEFAULT_MAX_STEP_OUTPUT_BYTES
@@ -228,8 +229,8 @@ def _parse_switch(raw: str | None) -> bool | None:
     return raw.strip().lower() not in _FALSE_WORDS
 
 
-def _non_negative(value: float, default: float) -> float:
-    """A delay of at least 0; NaN (no meaning as a delay) is the default."""
+def _delay(value: float, default: float) -> float:
+    """A delay within [0, MAX_WAIT_SECONDS]; NaN (no meaning as a delay) is the default."""
     if math.isnan(value):
         return default
-    return max(float(value), 0.0)
+    return min(max(float(value), 0.0), MAX_WAIT_SECONDS)
