@@ -244,3 +244,38 @@ def test_async_twins(limiter: Limiter) -> None:
         await limiter.aclose()
 
     asyncio.run(main())
+
+
+def test_zero_config_from_openai_and_anthropic_headers(limiter: Limiter) -> None:
+    limiter.observe(
+        MODEL,
+        {
+            "x-ratelimit-limit-requests": "500",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "20s",
+            "x-ratelimit-limit-tokens": "30000",
+            "x-ratelimit-remaining-tokens": "29000",
+        },
+    )
+    assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=500, tokens_per_minute=30_000)
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert d.dimension is Dimension.REQUESTS
+    assert d.retry_after == pytest.approx(20.0, abs=TOL)
+    claude = "anthropic:claude-sonnet-4"
+    limiter.observe(
+        claude,
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1000",
+        },
+    )
+    route = Route(provider="anthropic", model="claude-sonnet-4")
+    assert limiter.limits_for(claude) == LimitSpec(input_tokens_per_minute=40_000)
+    assert not limiter.try_reserve(route, Cost(input_tokens=1_001))
+    assert limiter.try_reserve(route, Cost(input_tokens=1_000))
+
+
+def test_configured_limits_win_over_headers(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=10))
+    limiter.observe(MODEL, {"x-ratelimit-limit-requests": "500"})
+    assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=10)

@@ -333,7 +333,11 @@ class Limiter:
             yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
 
     def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
-        signal = source if isinstance(source, LimitSignal) else _signal_from_headers(source)
+        signal = (
+            source
+            if isinstance(source, LimitSignal)
+            else _signal_from_headers(source, self._clock.now())
+        )
         self._learn(scope, signal)
         spec = self.limits_for(scope)
         by_dimension: dict[Dimension, Check] = {}
@@ -504,7 +508,7 @@ class Limiter:
         await self._backend.aclose()
 
 
-def _signal_from_headers(headers: Mapping[str, str]) -> LimitSignal:
+def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:
     # Imported here: Read (classify) is a sibling stage, loaded only when used.
     classify = importlib.import_module("rateloop.classify").classify
-    return cast(LimitSignal, classify(200, headers, b""))
+    return cast(LimitSignal, classify(200, headers, b"", now=now))

@@ -1,0 +1,155 @@
+"""Backend selection, failure modes, round trips and key hygiene."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from rateloop.admission.backend import BackendUnreachable, registered_schemes
+from rateloop.admission.limiter import LOCAL_RETRY_SECONDS, Limiter
+from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.redis_backend import RedisBackend, redact_url
+from rateloop.admission.reservation import Reservation
+from rateloop.admission.spec import LimitSpec
+from rateloop.errors import BackendError, ConfigError
+from rateloop.route import Cost, Route
+from rateloop.testing import FakeClock
+
+ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
+LIMITS = {"openai:gpt-5": LimitSpec(requests_per_minute=10, concurrency=4)}
+NOWHERE = "redis://:s3cret@127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def test_from_url_picks_the_backend_by_scheme() -> None:
+    assert isinstance(Limiter.from_url("memory://").backend, MemoryBackend)
+    assert isinstance(Limiter.from_url("redis://127.0.0.1:6379/0").backend, RedisBackend)
+    assert {"memory", "redis", "rediss", "unix"} <= set(registered_schemes())
+    with pytest.raises(ConfigError, match=r"mongodb://x.*allowed: memory://"):
+        Limiter.from_url("mongodb://x")
+
+
+def test_bad_limiter_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="on_unreachable"):
+        Limiter(on_unreachable="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="local_share"):
+        Limiter(local_share=1.5)
+    with pytest.raises(TypeError, match="LimitSpec"):
+        Limiter(limits={"a": {"requests_per_minute": 1}})  # type: ignore[dict-item]
+
+
+def test_redact_url_hides_the_password() -> None:
+    assert redact_url("redis://user:pw@host:6380/1") == "redis://user:***@host:6380/1"
+    assert redact_url("redis://host/0") == "redis://host/0"
+
+
+def test_unreachable_redis_fails_closed_naming_the_url_without_password() -> None:
+    limiter = Limiter.from_url(NOWHERE, limits=LIMITS, socket_timeout=0.2)
+    with pytest.raises(BackendError) as info:
+        limiter.try_reserve(ROUTE, Cost())
+    text = str(info.value)
+    assert "127.0.0.1:1" in text
+    assert "s3cret" not in text
+    assert "redis-server" in text
+    assert isinstance(info.value, BackendUnreachable)
+    assert isinstance(info.value.__cause__, redis.ConnectionError)
+
+    async def main() -> None:
+        with pytest.raises(BackendError, match="unreachable"):
+            await limiter.atry_reserve(ROUTE, Cost())
+        await limiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_unreachable_redis_falls_back_to_a_local_share() -> None:
+    clock = FakeClock()
+    limiter = Limiter.from_url(
+        NOWHERE,
+        limits=LIMITS,
+        clock=clock,
+        on_unreachable="local",
+        local_share=0.5,
+        socket_timeout=0.2,
+    )
+    granted = []
+    while isinstance(r := limiter.try_reserve(ROUTE, Cost()), Reservation):
+        granted.append(r)
+    assert len(granted) == 2  # concurrency 4 × 0.5 binds before 10 × 0.5 requests
+    assert all(r.local for r in granted)
+    granted[0].settle(0, 0)  # settles on the local limiter that granted it
+    assert limiter.try_reserve(ROUTE, Cost())
+
+    async def main() -> None:
+        assert not await limiter.atry_reserve(ROUTE, Cost())
+        clock.advance(LOCAL_RETRY_SECONDS + 1)  # time to try Redis again: still down
+        assert not await limiter.atry_reserve(ROUTE, Cost())
+        await limiter.aclose()
+
+    asyncio.run(main())
+
+
+class CountingConnection(redis.Connection):
+    """A real connection that records the name of every command it sends."""
+
+    sent: list[str] = []  # noqa: RUF012 - shared on purpose, reset by the test
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        CountingConnection.sent.append(str(args[0]).upper())
+        super().send_command(*args, **kwargs)
+
+
+@pytest.fixture
+def counting_limiter(redis_url: str, redis_prefix: str) -> Iterator[Limiter]:
+    limits = {
+        "openai:gpt-5": LimitSpec(requests_per_minute=10_000, tokens_per_minute=10**7),
+        "openai:gpt-5:proj-1": LimitSpec(
+            input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
+        ),
+    }
+    limiter = Limiter.from_url(
+        redis_url, prefix=redis_prefix, limits=limits, connection_class=CountingConnection
+    )
+    yield limiter
+    limiter.close()
+
+
+def test_redis_admission_is_exactly_one_evalsha(counting_limiter: Limiter) -> None:
+    counting_limiter.try_reserve(ROUTE, Cost())  # warm-up: the script may be loaded once
+    CountingConnection.sent.clear()
+    held = [counting_limiter.try_reserve(ROUTE, Cost(input_tokens=10)) for _ in range(50)]
+    assert CountingConnection.sent == ["EVALSHA"] * 50
+    CountingConnection.sent.clear()
+    for r in held:
+        assert isinstance(r, Reservation)
+        r.settle(5, 1)
+    assert CountingConnection.sent == ["EVALSHA"] * 50
+
+
+def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -> None:
+    limiter = Limiter.from_url(
+        redis_url,
+        prefix=redis_prefix,
+        limits={"openai:gpt-5": LimitSpec(requests_per_minute=60, concurrency=2)},
+    )
+    r = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(r, Reservation)
+    limiter.pause("openai:gpt-5:proj-1", 5.0, "test")
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys = sorted(client.scan_iter(match=f"{redis_prefix}*"))
+        assert keys == [
+            f"{redis_prefix}l:openai:gpt-5",
+            f"{redis_prefix}p:openai:gpt-5:proj-1",
+            f"{redis_prefix}s:openai:gpt-5",
+        ]
+        ttls = {k.removeprefix(redis_prefix)[0]: client.pttl(k) for k in keys}
+        assert 0 < ttls["s"] <= 2_000 + 1_000  # one request drains in 1 s (+1 s margin)
+        assert 0 < ttls["l"] <= 600_000 + 1_000  # the lease TTL
+        assert 0 < ttls["p"] <= 5_001
+    finally:
+        client.close()
+        limiter.close()
