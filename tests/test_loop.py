@@ -50,7 +50,9 @@ def http_error(
     return httpx.HTTPStatusError(f"HTTP {status}", request=resp.request, response=resp)
 
 
-def openai_429(message: str = "Rate limit reached", code: str = "rate_limit_exceeded") -> dict[str, Any]:
+def openai_429(
+    message: str = "Rate limit reached", code: str = "rate_limit_exceeded"
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": "requests", "param": None, "code": code}}
 
 
@@ -452,10 +454,10 @@ def test_user_classify_hook_replaces_classify_exception(clock: FakeClock) -> Non
         seen.append(exc)
         return LimitSignal.of(Kind.TEMPORARY, retry_after=3)
 
-    loop = RateLoop(policy(), clock=clock, classify=hook)
+    loop = RateLoop(policy(), clock=clock, classify=hook, rng=lambda: 0.0)
     out = loop.call(FaultScript([Busy(), "done"]), route=A)
     assert out.status is Status.COMPLETED and out.value == "done"
-    assert len(seen) == 1 and clock.sleeps == [3.0]
+    assert len(seen) == 1 and clock.sleeps == [5.0]  # max(local 5, server 3) + U(0, 2.5)·0
 
 
 def test_call_or_raise_and_soft_exhaustion(clock: FakeClock) -> None:
@@ -548,3 +550,17 @@ def test_one_event_per_decision(run: Runner) -> None:
     assert wait.wait_seconds is not None and wait.wait_seconds >= 2.0
     assert wait.next_attempt_at is not None
     assert wait.provider == "openai" and wait.model == "a" and wait.attempt == 1
+
+
+def test_run_budget_bounds_attempts_across_the_calls_of_a_task(clock: FakeClock) -> None:
+    from rateloop.budget import RunBudget
+
+    run_budget = RunBudget(5)
+    loop = RateLoop(policy(max_attempts=3), clock=clock, run_budget=run_budget)
+    fn = FaultScript([http_error(429, openai_429()), OK] * 4)
+    statuses = [loop.call(fn, route=A).status for _ in range(4)]
+    # Each call resets its own per-call count after a success, yet the task stops at 5.
+    assert len(fn.calls) == 5
+    assert statuses[:2] == [Status.COMPLETED, Status.COMPLETED]
+    assert statuses[2] is Status.FAILED_RETRY_EXHAUSTED
+    assert statuses[3] is Status.FAILED_RETRY_EXHAUSTED

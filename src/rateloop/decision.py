@@ -150,9 +150,23 @@ def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
         raise ValueError(f"unknown trigger_scope {trigger_scope!r} (allowed: {allowed})") from None
 
 
-def decide(state: LoopState, signal: LimitSignal, policy: Policy, now: float) -> Decision:
-    """What to do after an attempt on ``state.route`` returned ``signal``."""
+def decide(
+    state: LoopState, signal: LimitSignal | None, policy: Policy, now: float
+) -> Decision:
+    """What to do after an attempt on ``state.route`` returned ``signal``.
+
+    With ``signal`` None (no attempt yet on this step) the answer is
+    :class:`Proceed` while the attempt budget lasts.
+    """
     route = state.route
+    if signal is None:
+        if state.budget.can_attempt():
+            return Proceed(route)
+        return Stop(
+            Status.FAILED_RETRY_EXHAUSTED,
+            f"no attempt left in the budget for {route.scope} "
+            f"({state.budget.attempts} made by this call)",
+        )
     kind = signal.kind
     if kind is Kind.OK:
         if state.index == 0:
@@ -308,7 +322,9 @@ def _stop_for(
             skipped=skipped,
         )
     if kind is Kind.PERMISSION:
-        return Stop(Status.NEEDS_OPERATOR, f"permission refused on {scope} (status {signal.status})")
+        return Stop(
+            Status.NEEDS_OPERATOR, f"permission refused on {scope} (status {signal.status})"
+        )
     if kind is Kind.INVALID:
         return Stop(Status.INVALID, f"the request was refused as invalid (status {signal.status})")
     return Stop(

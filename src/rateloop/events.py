@@ -25,18 +25,36 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["CapacityEvent", "DecisionKind", "EventSink", "LoggingSink", "RecordingSink"]
+__all__ = [
+    "CapacityEvent",
+    "DecisionKind",
+    "EventSink",
+    "LoggingSink",
+    "RecordingSink",
+    "redact",
+]
 
 EventSink = Callable[["CapacityEvent"], None]
 
 _TOKEN = re.compile(r"[^A-Za-z0-9_.:/\-]")
+# Shapes of API keys and bearer tokens of the providers rateloop knows.
+_SECRET = re.compile(
+    r"(sk-[A-Za-z0-9_\-]{8,}|AIza[A-Za-z0-9_\-]{20,}|gsk_[A-Za-z0-9]{16,}"
+    r"|xox[abposr]-[A-Za-z0-9\-]{10,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|AKIA[0-9A-Z]{16}|[Bb]earer[\s_]+\S+)"
+)
+
+
+def redact(text: str) -> str:
+    """Replace anything shaped like an API key or a bearer token with ``[redacted]``."""
+    return _SECRET.sub("[redacted]", text)
 
 
 def _safe_token(value: str | None, limit: int = 96) -> str | None:
-    """Keep provider-supplied identifiers to a short, inert token."""
+    """Keep provider-supplied identifiers to a short, inert token with no key in it."""
     if value is None:
         return None
-    return _TOKEN.sub("_", value)[:limit]
+    return redact(_TOKEN.sub("_", value))[:limit]
 
 
 class DecisionKind(StrEnum):
@@ -79,6 +97,8 @@ class CapacityEvent:
     def __post_init__(self) -> None:
         object.__setattr__(self, "provider_code", _safe_token(self.provider_code))
         object.__setattr__(self, "request_id", _safe_token(self.request_id))
+        if self.reason is not None:
+            object.__setattr__(self, "reason", redact(self.reason))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: datetimes in ISO 8601, unset fields omitted."""
@@ -87,10 +107,11 @@ class CapacityEvent:
             if value is None:
                 continue
             if isinstance(value, datetime):
-                value = value.isoformat()
+                out[key] = value.isoformat()
             elif isinstance(value, StrEnum):
-                value = value.value
-            out[key] = value
+                out[key] = value.value
+            else:
+                out[key] = value
         return out
 
     def to_json(self) -> str:

@@ -20,9 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
+from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
-from rateloop.decision import FallBack, LoopState, Stop, Wait, decide
+from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
 from rateloop.errors import RateLimitExhausted
 from rateloop.events import CapacityEvent, DecisionKind, EventSink
 from rateloop.fallback import build_chain
@@ -195,7 +196,7 @@ class _BaseRateLoop:
             return classify_response(value, now=now)
         return LimitSignal.of(Kind.OK)
 
-    def _drive(self, spec: _CallSpec) -> _Flow:  # noqa: C901 - the loop, in one place
+    def _drive(self, spec: _CallSpec) -> _Flow:
         """The RATE loop for one call, as a generator of effects."""
         clock, policy = self.clock, self.policy
         start = clock.monotonic()
@@ -287,18 +288,22 @@ class _BaseRateLoop:
             return _Sleep(seconds)
 
         while True:
-            route = state.route
+            step = decide(state, None, policy, clock.monotonic())
+            if isinstance(step, Stop):
+                return finish(step.status, step.reason)
+            assert isinstance(step, Proceed)
+            route = step.route
 
             # Admit: reserve capacity on the route before the attempt.
             reservation = None
             if self.limiter is not None:
                 while True:
                     granted = yield _Admit(route, spec.cost, spec.priority)
-                    retry_after = getattr(granted, "retry_after", None)
-                    if retry_after is None:
+                    if not isinstance(granted, Denied):
                         reservation = granted
                         break
-                    if getattr(granted, "never_fits", False):
+                    retry_after = granted.retry_after
+                    if granted.never_fits:
                         return finish(
                             Status.REJECTED,
                             f"admission refused on {route.scope}: {granted.reason}",
@@ -324,14 +329,10 @@ class _BaseRateLoop:
                     )
 
             # Attempt.
-            if not budget.record_attempt():
+            if not budget.record_attempt():  # another call of the run took the last one
                 if reservation is not None:
                     yield _Limiter(reservation, "release", ())
-                return finish(
-                    Status.FAILED_RETRY_EXHAUSTED,
-                    f"the run budget of {self.run_budget.used if self.run_budget else 0} "
-                    "attempts is spent",
-                )
+                return finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
             ledger.record_loop()
             state.route_attempts += 1
             result = yield _Call(route)
@@ -410,10 +411,10 @@ class _BaseRateLoop:
             if isinstance(decision, Stop):
                 for skipped, why in decision.skipped:
                     emit(DecisionKind.SKIP, route=skipped, reason=why)
-                retry_at = decision.retry_at
-                if retry_at is None and decision.retry_in is not None:
-                    retry_at = clock.now() + timedelta(seconds=decision.retry_in)
-                return finish(decision.status, decision.reason, retry_at=retry_at)
+                stop_at = decision.retry_at
+                if stop_at is None and decision.retry_in is not None:
+                    stop_at = clock.now() + timedelta(seconds=decision.retry_in)
+                return finish(decision.status, decision.reason, retry_at=stop_at)
             if isinstance(decision, Wait):
                 yield wait_for(decision.seconds, DecisionKind.WAIT, route, decision.reason)
                 state.waits += 1
@@ -460,9 +461,18 @@ def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
     """(input_tokens, output_tokens) reported by a successful response, if any."""
     if not isinstance(result, _Returned):
         return None
-    usage = getattr(result.value, "usage", None)
-    if usage is None and isinstance(result.value, dict):
-        usage = result.value.get("usage")
+    value = result.value
+    usage = getattr(value, "usage", None)
+    if usage is None and isinstance(value, dict):
+        usage = value.get("usage")
+    if usage is None and isinstance(getattr(value, "status_code", None), int):
+        # An HTTP response (httpx, requests): the usage is in its JSON body.
+        try:
+            body = value.json()
+        except Exception:
+            body = None
+        if isinstance(body, dict):
+            usage = body.get("usage") or body.get("usageMetadata")
     if usage is None:
         return None
 
@@ -582,6 +592,9 @@ class RateLoop(_BaseRateLoop):
             except Exception as exc:
                 return _Raised(exc)
             if inspect.isawaitable(value):
+                close = getattr(value, "close", None)
+                if close is not None:
+                    close()  # never leave a coroutine un-awaited behind the error
                 raise TypeError(
                     "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
                 )

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["anthropic_client", "async_anthropic_client", "async_openai_client",
-           "openai_client", "sdk_retries_taken"]
+__all__ = [
+    "anthropic_client",
+    "async_anthropic_client",
+    "async_openai_client",
+    "openai_client",
+    "sdk_retries_taken",
+]
 
 
 def sdk_retries_taken(obj: object) -> int:
-    """Retries an SDK took for ``obj`` (a response, a raw response or an exception); 0 if unknown."""
+    """Retries an SDK took for ``obj`` (response, raw response or exception); 0 if unknown."""
     for name in ("retries_taken", "_retries_taken"):
         value = getattr(obj, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

@@ -1,0 +1,154 @@
+"""Admission inside the RATE loop: reserve before each attempt, settle, pause, observe."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from rateloop.admission import LimitSpec
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.reservation import Denied
+from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.outcome import Status
+from rateloop.policy import Policy
+from rateloop.route import Cost, Route
+from rateloop.testing import FakeClock, FaultScript
+
+OPENAI = "https://api.openai.com/v1/chat/completions"
+ROUTE = Route(provider="openai", model="gpt-5", project="p1")
+
+
+def ok(prompt_tokens: int = 10, completion_tokens: int = 5) -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}},
+        request=httpx.Request("POST", OPENAI),
+    )
+
+
+def throttle(retry_after: str) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", OPENAI)
+    resp = httpx.Response(
+        429,
+        headers={"retry-after": retry_after},
+        json={"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}},
+        request=request,
+    )
+    return httpx.HTTPStatusError("429", request=request, response=resp)
+
+
+def policy() -> Policy:
+    return Policy.from_dict({"backoff": {"jitter": "none"}})
+
+
+def make(clock: FakeClock, **spec: Any) -> tuple[Limiter, RateLoop]:
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(**spec)}, clock=clock)
+    return limiter, RateLoop(policy(), limiter=limiter, clock=clock)
+
+
+def test_admission_paces_calls_instead_of_collecting_429s(clock: FakeClock) -> None:
+    _, loop = make(clock, requests_per_minute=2)
+    fn = FaultScript([ok()])
+    outcomes = [loop.call(fn, route=ROUTE) for _ in range(4)]
+    assert all(o.status is Status.COMPLETED for o in outcomes)
+    assert len(fn.calls) == 4
+    # Two fit the burst; each later one waits for the bucket to refill (30 s per request).
+    assert len(clock.sleeps) == 2
+    assert all(s == pytest.approx(30.0, abs=1.0) for s in clock.sleeps)
+    waits = [e for o in outcomes for e in o.events if e.decision == "admission_wait"]
+    assert len(waits) == 2
+
+
+def test_a_cost_that_can_never_fit_is_rejected(clock: FakeClock) -> None:
+    _, loop = make(clock, input_tokens_per_minute=1000)
+    fn = FaultScript([ok()])
+    out = loop.call(fn, route=ROUTE, cost=Cost(input_tokens=5000))
+    assert out.status is Status.REJECTED
+    assert fn.calls == [] and clock.sleeps == []
+
+
+def test_admission_wait_beyond_the_deadline_waits_for_capacity(clock: FakeClock) -> None:
+    _, loop = make(clock, requests_per_minute=1)
+    fn = FaultScript([ok()])
+    assert loop.call(fn, route=ROUTE).ok
+    out = loop.call(fn, route=ROUTE, deadline=10)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.retry_at is not None
+    assert len(fn.calls) == 1 and clock.sleeps == []
+
+
+def test_a_throttle_pauses_the_scope_for_every_caller() -> None:
+    probes: list[object] = []
+
+    class Probe(FakeClock):
+        """While the loop sleeps, another caller asks for the same scope."""
+
+        def sleep(self, seconds: float) -> None:
+            probes.append(limiter.try_reserve(ROUTE, Cost()))
+            super().sleep(seconds)
+
+    clock = Probe()
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=600)}, clock=clock)
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    out = loop.call(FaultScript([throttle("20"), ok()]), route=ROUTE)
+    assert out.ok
+    assert clock.sleeps[0] >= 20.0
+    other = probes[0]
+    assert isinstance(other, Denied)
+    assert other.retry_after >= 20.0
+
+
+def test_settle_refunds_unused_output_tokens(clock: FakeClock) -> None:
+    _, loop = make(clock, output_tokens_per_minute=1000)
+    fn = FaultScript([ok(completion_tokens=100)])
+    for _ in range(3):
+        out = loop.call(fn, route=ROUTE, cost=Cost(output_tokens=800))
+        assert out.ok
+    # 800 reserved, 100 used: the refund lets the next call in at once, three times over.
+    assert clock.sleeps == []
+
+
+def test_without_usage_the_reservation_is_kept(clock: FakeClock) -> None:
+    _, loop = make(clock, output_tokens_per_minute=1000)
+    fn = FaultScript(["no usage reported"])
+    assert loop.call(fn, route=ROUTE, cost=Cost(output_tokens=800)).ok
+    assert loop.call(fn, route=ROUTE, cost=Cost(output_tokens=800)).ok
+    assert len(clock.sleeps) == 1 and clock.sleeps[0] > 0
+
+
+def test_async_loop_admits_through_the_same_limiter(clock: FakeClock) -> None:
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=2)}, clock=clock)
+    loop = AsyncRateLoop(policy(), limiter=limiter, clock=clock)
+    fn = FaultScript([ok()])
+
+    async def main() -> list[Status]:
+        return [(await loop.call(fn, route=ROUTE)).status for _ in range(3)]
+
+    assert asyncio.run(main()) == [Status.COMPLETED] * 3
+    assert len(clock.sleeps) == 1
+
+
+def test_loop_with_redis_limiter_shares_capacity_across_loops(
+    redis_url: str, redis_prefix: str
+) -> None:
+    spec = {ROUTE.scope: LimitSpec(requests_per_minute=3)}
+    clocks = [FakeClock(), FakeClock()]
+    loops = [
+        RateLoop(
+            policy(),
+            limiter=Limiter.from_url(redis_url, prefix=redis_prefix, limits=spec, clock=c),
+            clock=c,
+        )
+        for c in clocks
+    ]
+    fn = FaultScript([ok()])
+    results = [loops[i % 2].call(fn, route=ROUTE, deadline=5) for i in range(4)]
+    statuses = [r.status for r in results]
+    # Three fit the shared burst, whichever loop asks; the fourth must wait ~20 s of Redis time,
+    # which does not fit its 5 s deadline.
+    assert statuses[:3] == [Status.COMPLETED] * 3
+    assert statuses[3] is Status.WAITING_FOR_CAPACITY
+    assert len(fn.calls) == 3
