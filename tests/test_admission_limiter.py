@@ -157,9 +157,7 @@ def test_fixed_day_window_resets_at_the_configured_utc_time() -> None:
     from datetime import UTC, datetime
 
     clock = FakeClock(datetime(2026, 1, 1, 5, 0, tzinfo=UTC))
-    limiter = make(
-        clock, **{"openai:gpt-5": LimitSpec(requests_per_day=2, day_resets_at="06:00")}
-    )
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_day=2, day_resets_at="06:00")})
     assert limiter.try_reserve(ROUTE, Cost())
     assert limiter.try_reserve(ROUTE, Cost())
     denied = limiter.try_reserve(ROUTE, Cost())

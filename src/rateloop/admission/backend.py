@@ -88,7 +88,7 @@ def _memory(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
 
 def _redis(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
     # Lazy: redis-py is an optional extra (rateloop[redis]).
-    from rateloop.admission.redis_backend import RedisBackend  # noqa: PLC0415
+    from rateloop.admission.redis_backend import RedisBackend
 
     return RedisBackend(url, prefix=prefix, **options)
 
