@@ -14,29 +14,80 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
 from rateloop._clock import Clock, SystemClock
-from rateloop.admission.spec import LimitSpec
+from rateloop.admission import (
+    AdmissionRejected,
+    AdmissionTimeout,
+    Denied,
+    Limiter,
+    LimitSpec,
+    Reservation,
+)
+from rateloop.budget import CallBudget, RunBudget
+from rateloop.classify import (
+    classify,
+    classify_exception,
+    classify_response,
+    classify_text,
+    detect_provider,
+)
+from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
+from rateloop.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
+from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
+from rateloop.policy import Policy, PolicyWarning
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
+from rateloop.timing import Backoff, WaitPlan, plan_wait
+from rateloop.writes import WriteOutcome
 
 __all__ = [
+    "AdmissionRejected",
+    "AdmissionTimeout",
+    "AsyncRateLoop",
     "AttemptLedger",
     "Attempts",
     "BackendError",
+    "Backoff",
+    "CallBudget",
+    "CapacityEvent",
     "Clock",
     "ConfigError",
     "Cost",
+    "Decision",
+    "DecisionKind",
+    "Denied",
     "Dimension",
+    "FallBack",
     "Kind",
     "LimitSignal",
     "LimitSpec",
+    "Limiter",
+    "LoggingSink",
     "Observed",
     "Outcome",
+    "Policy",
+    "PolicyWarning",
+    "Proceed",
     "RateLimitExhausted",
+    "RateLoop",
     "RateloopError",
+    "RecordingSink",
+    "Reservation",
     "Route",
+    "RunBudget",
     "Status",
+    "Stop",
     "SystemClock",
+    "Wait",
+    "WaitPlan",
+    "WriteOutcome",
     "__version__",
+    "classify",
+    "classify_exception",
+    "classify_response",
+    "classify_text",
+    "decide",
+    "detect_provider",
+    "plan_wait",
 ]
