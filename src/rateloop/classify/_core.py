@@ -1,0 +1,181 @@
+"""``classify``: one HTTP response (or its absence) in, one :class:`LimitSignal` out.
+
+How it works:
+
+1. :func:`~rateloop.classify._evidence.gather` normalizes the headers and body;
+   headers a gateway nested in the body (OpenRouter) are lifted out.
+2. The provider is the caller's, else :func:`detect_provider`'s guess.
+3. Provider rules run, the detected provider's first; the first that
+   recognises the response wins.  When none does,
+   :func:`~rateloop.classify._rules.by_status` decides from the status code
+   and the shared spend / period / throttle phrases.
+4. The signal is completed from generic evidence: the largest server-stated
+   minimum wait (``retry-after-ms``, ``retry-after``, a wait in the message,
+   then JSON reset fields), the observed limits (on every response, 200s
+   included), the exhausted dimension, ``reset_at`` and the request id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from rateloop._clock import system_clock
+from rateloop.classify import anthropic, bedrock, google, openai, others
+from rateloop.classify._detect import detect
+from rateloop.classify._evidence import BodyLike, Evidence, Finding, HeadersLike, gather
+from rateloop.classify._http import body_reset, exhausted, observe, retry_after
+from rateloop.classify._rules import by_status
+from rateloop.signal import Kind, LimitSignal, Observed
+
+__all__ = ["classify", "resolve_now", "signal_from"]
+
+Rule = Callable[[Evidence], Finding | None]
+
+_RULES: tuple[tuple[str, Rule], ...] = (
+    ("anthropic", anthropic.rule),
+    ("bedrock", bedrock.rule),
+    ("google", google.rule),
+    ("github", others.github_rule),
+    ("slack", others.slack_rule),
+    ("mistral", others.mistral_rule),
+    ("groq", others.groq_rule),
+    ("openai", openai.rule),
+)
+_PROVIDER_RULE = {"azure": "openai"}
+
+_REQUEST_ID_HEADERS = (
+    "request-id",
+    "x-request-id",
+    "x-amzn-requestid",
+    "x-github-request-id",
+    "apim-request-id",
+    "x-slack-req-id",
+    "x-goog-request-id",
+    "x-ms-request-id",
+)
+
+
+def resolve_now(now: datetime | None) -> datetime:
+    """``now`` checked to be aware, or the system clock's time."""
+    if now is None:
+        return system_clock.now()
+    if not isinstance(now, datetime):
+        raise TypeError(f"now must be an aware datetime, got {type(now).__name__}: {now!r}")
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"now must be timezone-aware, got naive {now!r}")
+    return now
+
+
+def _ordered(provider: str | None) -> list[Rule]:
+    first = _PROVIDER_RULE.get(provider or "", provider)
+    return [r for name, r in _RULES if name == first] + [r for name, r in _RULES if name != first]
+
+
+def _add(now: datetime, seconds: float | None) -> datetime | None:
+    if seconds is None:
+        return None
+    try:
+        return now + timedelta(seconds=seconds)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _request_id(ev: Evidence, finding: Finding) -> str | None:
+    if finding.request_id:
+        return finding.request_id
+    for name in _REQUEST_ID_HEADERS:
+        value = ev.header(name)
+        if value:
+            return value
+    if isinstance(ev.data, Mapping):
+        value = ev.data.get("request_id")
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def signal_from(ev: Evidence) -> LimitSignal:
+    """The signal for normalized evidence (provider already resolved)."""
+    observed: tuple[Observed, ...] = observe(ev.headers, ev.now)
+    finding: Finding | None = None
+    if ev.status is not None:
+        for rule in _ordered(ev.provider):
+            finding = rule(ev)
+            if finding is not None:
+                break
+    if finding is None:
+        finding = by_status(ev)
+    return _finish(ev, finding, observed)
+
+
+def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> LimitSignal:
+    kind = finding.kind
+    matched = finding.matched
+    reset_at = finding.reset_at
+    wait = finding.retry_after
+    dimension = finding.dimension
+    if kind not in (Kind.OK, Kind.NETWORK):
+        header_wait, header_name = retry_after(ev.headers, ev.now)
+        if header_wait is not None and (wait is None or header_wait > wait):
+            wait = header_wait
+        if matched is None:
+            matched = header_name or (str(ev.status) if ev.status is not None else None)
+        if wait is None or reset_at is None:
+            body_wait, body_at, _ = body_reset(ev.data, ev.now)
+            wait = body_wait if wait is None else wait
+            reset_at = body_at if reset_at is None else reset_at
+        gone = exhausted(observed)
+        if kind in (Kind.TEMPORARY, Kind.PERIOD_QUOTA) and gone:
+            hit = [g for g in gone if g.dimension == dimension] or gone
+            if dimension is None and len(gone) == 1:
+                dimension = gone[0].dimension
+            resets = [g.reset_after for g in hit if g.reset_after is not None]
+            if resets and kind is Kind.TEMPORARY and wait is None:
+                wait = max(resets)
+            if resets and kind is Kind.PERIOD_QUOTA and reset_at is None:
+                reset_at = _add(ev.now, max(resets))
+        if kind is Kind.PERIOD_QUOTA and reset_at is None:
+            reset_at = _add(ev.now, wait)
+    return LimitSignal.of(
+        kind,
+        retry_after=wait,
+        reset_at=reset_at,
+        dimension=dimension,
+        provider=ev.provider,
+        request_id=_request_id(ev, finding),
+        status=ev.status,
+        code=finding.code,
+        matched=matched,
+        observed=observed,
+    )
+
+
+def classify(
+    status: int | None,
+    headers: HeadersLike = None,
+    body: BodyLike = None,
+    *,
+    provider: str | None = None,
+    now: datetime | None = None,
+) -> LimitSignal:
+    """Classify one HTTP response; ``status=None`` means no response arrived.
+
+    ``headers`` is any mapping or iterable of pairs (names matched
+    case-insensitively); ``body`` is text, bytes, a parsed JSON mapping or
+    ``None``.  ``provider`` overrides detection; ``now`` (aware) turns dates
+    into waits and defaults to the system clock.  Never raises on hostile
+    response content; waits are always within [0, 86400] seconds.
+    """
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+        raise TypeError(f"status must be an int HTTP status or None, got {status!r}")
+    if provider is not None and not isinstance(provider, str):
+        raise TypeError(f"provider must be a string or None, got {provider!r}")
+    moment = resolve_now(now)
+    ev = gather(status, headers, body, now=moment, provider=None)
+    nested = others.nested_headers(ev)
+    if nested:
+        ev = replace(ev, headers={**nested, **ev.headers})
+    name = provider.strip().lower() if provider else detect(ev.headers, ev.data, ev.text)
+    return signal_from(replace(ev, provider=name or None))

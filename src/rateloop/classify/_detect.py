@@ -1,0 +1,156 @@
+"""Which provider a response came from, when the caller does not say.
+
+Tried in order, first hit wins: headers only one provider sends
+(``anthropic-ratelimit-*``, ``x-amzn-errortype``, ``x-groq-region``,
+``x-github-request-id`` …); then the body's shape (Anthropic's
+``{"type": "error"}``, Google's ``error.status``, Bedrock's ``__type``,
+OpenRouter's ``error.metadata``, Slack's ``{"ok": false}``); then a provider's
+own domain named in the body text.  ``None`` when nothing is conclusive.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rateloop.classify._evidence import (
+    BodyLike,
+    HeadersLike,
+    error_object,
+    normalize_headers,
+)
+
+__all__ = ["PROVIDERS", "detect", "detect_provider"]
+
+#: Every provider name classifiers report.
+PROVIDERS = (
+    "anthropic",
+    "azure",
+    "bedrock",
+    "cohere",
+    "deepseek",
+    "github",
+    "google",
+    "groq",
+    "mistral",
+    "openai",
+    "openrouter",
+    "slack",
+    "together",
+    "xai",
+)
+
+_HEADER_MARKS: tuple[tuple[str, str], ...] = (
+    ("anthropic-", "anthropic"),
+    ("x-amzn-errortype", "bedrock"),
+    ("x-amzn-bedrock-", "bedrock"),
+    ("x-groq-", "groq"),
+    ("x-github-", "github"),
+    ("x-slack-", "slack"),
+    ("apim-request-id", "azure"),
+    ("x-ms-region", "azure"),
+    ("x-ms-rai-invoked", "azure"),
+    ("azureml-model-session", "azure"),
+    ("x-ms-retry-after-ms", "azure"),
+    ("openai-", "openai"),
+    ("x-ratelimitbysize-", "mistral"),
+    ("mistral-correlation-id", "mistral"),
+    ("x-tokenlimit-", "together"),
+    ("x-together-", "together"),
+    ("x-trial-endpoint-call-", "cohere"),
+    ("x-endpoint-monthly-call-", "cohere"),
+    ("x-goog-", "google"),
+    ("x-gemini-", "google"),
+    ("x-amzn-requestid", "bedrock"),
+)
+
+_MENTIONS: tuple[tuple[str, str], ...] = (
+    ("azure openai", "azure"),
+    ("openrouter", "openrouter"),
+    ("groq.com", "groq"),
+    ("anthropic.com", "anthropic"),
+    ("deepseek", "deepseek"),
+    ("mistral", "mistral"),
+    ("together.ai", "together"),
+    ("api.together", "together"),
+    ("console.x.ai", "xai"),
+    ("docs.x.ai", "xai"),
+    ("cohere", "cohere"),
+    ("ai.google.dev", "google"),
+    ("googleapis.com", "google"),
+    ("docs.github.com", "github"),
+    ("openai.com", "openai"),
+)
+
+_GOOGLE_STATUSES = frozenset(
+    {
+        "RESOURCE_EXHAUSTED",
+        "UNAVAILABLE",
+        "INVALID_ARGUMENT",
+        "FAILED_PRECONDITION",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "NOT_FOUND",
+        "INTERNAL",
+        "DEADLINE_EXCEEDED",
+        "ABORTED",
+        "CANCELLED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "ALREADY_EXISTS",
+    }
+)
+
+
+def _from_shape(data: Any) -> str | None:
+    if isinstance(data, Mapping):
+        if data.get("type") == "error" and isinstance(data.get("error"), Mapping):
+            return "anthropic"
+        if "__type" in data:
+            return "bedrock"
+        if data.get("ok") is False and isinstance(data.get("error"), str):
+            return "slack"
+    err = error_object(data)
+    if err is None:
+        return None
+    if isinstance(err.get("status"), str) and err["status"] in _GOOGLE_STATUSES:
+        return "google"
+    if isinstance(err.get("metadata"), Mapping):
+        return "openrouter"
+    return None
+
+
+def detect(headers: Mapping[str, str], data: Any, text: str) -> str | None:
+    """Detection over already-normalized evidence (lowercase header names)."""
+    for mark, provider in _HEADER_MARKS:
+        if any(name.startswith(mark) for name in headers):
+            return provider
+    shaped = _from_shape(data)
+    if shaped is not None:
+        return shaped
+    lowered = text[:20_000].lower()
+    for mark, provider in _MENTIONS:
+        if mark in lowered:
+            return provider
+    return None
+
+
+def detect_provider(headers: HeadersLike, body: BodyLike) -> str | None:
+    """The provider a response came from, from its headers and body, or ``None``."""
+    norm = normalize_headers(headers)
+    data: Any = None
+    text = ""
+    if isinstance(body, Mapping):
+        data = body
+        try:
+            text = json.dumps(body, default=str)
+        except Exception:
+            text = ""
+    elif isinstance(body, bytes | bytearray | str):
+        text = body.decode("utf-8", "replace") if not isinstance(body, str) else body
+        try:
+            data = json.loads(text) if text.strip()[:1] in ("{", "[") else None
+        except (ValueError, RecursionError):
+            data = None
+    return detect(norm, data, text)

@@ -1,0 +1,212 @@
+"""Generic HTTP evidence: Retry-After, rate-limit headers and JSON reset fields.
+
+How it works:
+
+* :func:`retry_after` reads the server's minimum wait from ``retry-after-ms``
+  / ``x-ms-retry-after-ms`` (milliseconds) or ``retry-after`` (seconds, may be
+  fractional, or an HTTP-date).  The largest stated minimum wins.
+* :func:`observe` reads every limit the headers describe, on any response
+  (including 200s): OpenAI-style ``x-ratelimit-{limit,remaining,reset}-
+  {requests,tokens}``, Anthropic ``anthropic-ratelimit-*``, the IETF
+  ``RateLimit`` / ``RateLimit-Policy`` structured fields and the older
+  ``RateLimit-Limit/-Remaining/-Reset`` trio, single-window
+  ``x-ratelimit-limit/-remaining/-reset`` (GitHub, OpenRouter, Together),
+  Together's ``x-tokenlimit-*`` and Mistral's ``x-ratelimitbysize-*``.
+* :func:`body_reset` searches a JSON body, at any depth, for the reset fields
+  listed in :data:`RESET_FIELDS`.
+
+Nothing here raises on hostile input; unknown values are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rateloop.classify._time import parse_number, reset_value
+from rateloop.signal import Dimension, Observed, clamp_wait
+
+__all__ = [
+    "RESET_FIELDS",
+    "Exhausted",
+    "body_reset",
+    "exhausted",
+    "observe",
+    "retry_after",
+]
+
+#: JSON body fields searched (at any depth) for a wait or reset time, and
+#: whether a bare small number there is milliseconds.
+RESET_FIELDS: dict[str, bool] = {
+    "retry_after": False,
+    "retryAfter": False,
+    "retry_after_ms": True,
+    "retryAfterMs": True,
+    "retry_after_seconds": False,
+    "reset_at": False,
+    "resetAt": False,
+    "reset_time": False,
+    "resets_in_seconds": False,
+}
+
+
+def retry_after(headers: Mapping[str, str], now: datetime) -> tuple[float | None, str | None]:
+    """The server's minimum wait from the headers, and the header it came from."""
+    best: float | None = None
+    source: str | None = None
+    for name, millis in (("retry-after-ms", True), ("x-ms-retry-after-ms", True)):
+        number = parse_number(headers.get(name, ""))
+        if number is not None:
+            wait = clamp_wait(number / 1000.0 if millis else number)
+            if wait is not None and (best is None or wait > best):
+                best, source = wait, name
+    value = headers.get("retry-after")
+    if value is not None:
+        number = parse_number(value)
+        if number is not None:
+            wait = clamp_wait(number)
+        else:
+            wait, _ = reset_value(value, now)
+        if wait is not None and (best is None or wait > best):
+            best, source = wait, "retry-after"
+    return best, source
+
+
+# --- observed limits -------------------------------------------------------
+
+
+def _num(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    return parse_number(value) if value is not None else None
+
+
+def _reset(headers: Mapping[str, str], name: str, now: datetime) -> float | None:
+    value = headers.get(name)
+    return reset_value(value, now)[0] if value is not None else None
+
+
+_FAMILIES: tuple[tuple[str, str, Dimension], ...] = (
+    # (prefix, suffix, dimension); names are f"{prefix}{field}{suffix}".
+    ("x-ratelimit-", "-requests", Dimension.REQUESTS),
+    ("x-ratelimit-", "-tokens", Dimension.TOKENS),
+    ("anthropic-ratelimit-requests-", "", Dimension.REQUESTS),
+    ("anthropic-ratelimit-tokens-", "", Dimension.TOKENS),
+    ("anthropic-ratelimit-input-tokens-", "", Dimension.INPUT_TOKENS),
+    ("anthropic-ratelimit-output-tokens-", "", Dimension.OUTPUT_TOKENS),
+    ("x-tokenlimit-", "", Dimension.TOKENS),
+    ("x-ratelimitbysize-", "-minute", Dimension.TOKENS),
+    ("x-ratelimit-", "", Dimension.REQUESTS),
+    ("ratelimit-", "", Dimension.REQUESTS),
+)
+
+
+def _families(headers: Mapping[str, str], now: datetime) -> Iterator[Observed]:
+    for prefix, suffix, dimension in _FAMILIES:
+        limit = _num(headers, f"{prefix}limit{suffix}")
+        remaining = _num(headers, f"{prefix}remaining{suffix}")
+        reset = _reset(headers, f"{prefix}reset{suffix}", now)
+        if limit is None and remaining is None and reset is None:
+            continue
+        yield Observed(dimension=dimension, limit=limit, remaining=remaining, reset_after=reset)
+
+
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_MEMBER = re.compile(
+    rf"\s*({_QUOTED}|[^;,\s]+)"
+    rf"((?:\s*;\s*[A-Za-z*][\w.*-]*(?:=(?:{_QUOTED}|[^;,\s]*))?)*)\s*(?:,|$)"
+)
+_PARAM = re.compile(rf";\s*([A-Za-z*][\w.*-]*)(?:=({_QUOTED}|[^;,\s]*))?")
+
+
+def _structured(value: str) -> dict[str, dict[str, str]]:
+    """A minimal RFC 8941 list-of-items parser: ``{name: {param: value}}``."""
+    members: dict[str, dict[str, str]] = {}
+    for match in _MEMBER.finditer(value[:4096]):
+        if not match.group(0).strip():
+            continue
+        name = match.group(1).strip('"')
+        params = {k.lower(): (v or "").strip('"') for k, v in _PARAM.findall(match.group(2))}
+        members.setdefault(name, params)
+    return members
+
+
+_UNITS = {
+    "requests": Dimension.REQUESTS,
+    "request": Dimension.REQUESTS,
+    "concurrent-requests": Dimension.CONCURRENCY,
+    "tokens": Dimension.TOKENS,
+}
+
+
+def _ietf(headers: Mapping[str, str]) -> Iterator[Observed]:
+    """The current draft: ``RateLimit-Policy: "p";q=100;w=60`` + ``RateLimit: "p";r=50;t=30``."""
+    policies = _structured(headers.get("ratelimit-policy", ""))
+    current = _structured(headers.get("ratelimit", ""))
+    for name in dict.fromkeys([*current, *policies]):
+        state = current.get(name, {})
+        policy = policies.get(name, {})
+        limit = parse_number(policy.get("q", ""))
+        remaining = parse_number(state.get("r", ""))
+        reset = clamp_wait(parse_number(state.get("t", "")))
+        if limit is None and remaining is None and reset is None:
+            continue
+        dimension = _UNITS.get(policy.get("qu", "requests").lower(), Dimension.REQUESTS)
+        yield Observed(dimension=dimension, limit=limit, remaining=remaining, reset_after=reset)
+
+
+def observe(headers: Mapping[str, str], now: datetime) -> tuple[Observed, ...]:
+    """Every limit the headers describe, one per dimension (first family wins)."""
+    seen: dict[Dimension, Observed] = {}
+    try:
+        for item in [*_families(headers, now), *_ietf(headers)]:
+            seen.setdefault(item.dimension, item)
+    except Exception:  # a parser bug must never break classification
+        return tuple(seen.values())
+    return tuple(seen.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exhausted:
+    """An observed dimension with nothing remaining."""
+
+    dimension: Dimension
+    reset_after: float | None
+
+
+def exhausted(observed: tuple[Observed, ...]) -> list[Exhausted]:
+    return [
+        Exhausted(dimension=o.dimension, reset_after=o.reset_after)
+        for o in observed
+        if o.remaining is not None and o.remaining <= 0
+    ]
+
+
+# --- JSON reset fields -----------------------------------------------------
+
+
+def _walk(value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    if depth > 16:
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key), item
+            yield from _walk(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value[:256]:
+            yield from _walk(item, depth + 1)
+
+
+def body_reset(data: Any, now: datetime) -> tuple[float | None, datetime | None, str | None]:
+    """The first reset field found in a JSON body: ``(wait, reset_at, field)``."""
+    try:
+        for key, value in _walk(data):
+            if key in RESET_FIELDS and not isinstance(value, Mapping | list):
+                wait, moment = reset_value(value, now, millis=RESET_FIELDS[key])
+                if wait is not None or moment is not None:
+                    return wait, moment, key
+    except Exception:
+        return None, None, None
+    return None, None, None

@@ -1,0 +1,82 @@
+"""The canned-response corpus: every provider's refusals, one stacked parametrized test.
+
+Each ``tests/fixtures/classify/*.yaml`` file holds ``cases`` with ``status``,
+``headers``, ``body`` (a mapping is sent as JSON text; ``body_dict: true``
+sends it as a parsed mapping) and ``expect``: ``kind``, ``retryable`` and
+``retry_after`` always, plus any other ``LimitSignal`` field to check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rateloop.classify import classify
+from rateloop.signal import LimitSignal
+
+FIXTURES = Path(__file__).parent / "fixtures" / "classify"
+REQUIRED = ("kind", "retryable", "retry_after")
+
+
+def _cases() -> list[Any]:
+    params = []
+    for path in sorted(FIXTURES.glob("*.yaml")):
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        now = datetime.fromisoformat(document["now"].replace("Z", "+00:00"))
+        for case in document["cases"]:
+            params.append(pytest.param(case, now, id=f"{path.stem}: {case['name']}"))
+    return params
+
+
+CASES = _cases()
+
+
+def _body(case: dict[str, Any]) -> Any:
+    body = case.get("body")
+    if isinstance(body, dict | list) and not case.get("body_dict"):
+        return json.dumps(body)
+    return body
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def _actual(signal: LimitSignal, field: str) -> Any:
+    value = getattr(signal, field)
+    if field == "reset_at":
+        return value.isoformat() if value is not None else None
+    if field == "observed":
+        return [[o.dimension.value, o.limit, o.remaining, _round(o.reset_after)] for o in value]
+    if hasattr(value, "value"):
+        return value.value
+    return value
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 80
+
+
+@pytest.mark.parametrize(("case", "now"), CASES)
+def test_classify_corpus(case: dict[str, Any], now: datetime) -> None:
+    expect = case["expect"]
+    assert all(key in expect for key in REQUIRED), f"fixture must state {REQUIRED}"
+    signal = classify(
+        case.get("status"),
+        case.get("headers") or {},
+        _body(case),
+        provider=case.get("provider"),
+        now=now,
+    )
+    actual = {field: _actual(signal, field) for field in expect}
+    expected = dict(expect)
+    if expected.get("retry_after") is not None and actual["retry_after"] is not None:
+        assert math.isclose(actual["retry_after"], expected["retry_after"], abs_tol=1e-6)
+        actual["retry_after"] = expected["retry_after"]
+    assert actual == expected
