@@ -71,12 +71,14 @@ def test_base_zero_means_no_waits() -> None:
 
 
 @given(
-    base=st.floats(min_value=0, max_value=1e6),
+    base=st.floats(min_value=0, max_value=1e6) | st.sampled_from([2.2e-311, 5e-324, 1e-4]),
     cap=st.floats(min_value=0, max_value=1e7),
     n=st.integers(min_value=1, max_value=10**6),
 )
 def test_wait_is_min_of_doubling_and_cap_and_saturates(base: float, cap: float, n: int) -> None:
     loop = _loop(base_delay_secs=base, max_delay_secs=cap)
+    # Settings keep delays within a day, to the millisecond.
+    base, cap = (round(min(x, 86_400.0), 3) for x in (base, cap))
     effective_cap = max(cap, base)
     wait = loop.wait_before(n)
     try:

@@ -5,7 +5,8 @@ command-line flags) is read into a :class:`SettingsLayer` whose fields are
 ``None`` where the source says nothing.  :func:`resolve_settings` stacks the
 layers over the defaults (flags > env > policy file > defaults) and then
 normalizes the result once: ``max_retries`` is clamped to ``[0, 100]``, a
-delay is clamped to ``[0, MAX_WAIT_SECONDS]`` (a day: no sleep overflows),
+delay is clamped to ``[0, MAX_WAIT_SECONDS]`` (a day: no sleep overflows)
+and rounded to the millisecond,
 and ``max_delay_secs`` is raised to ``base_delay_secs`` when it is lower.
 
 Environment parsing is lenient on purpose: these variables are set by CI
@@ -230,7 +231,11 @@ def _parse_switch(raw: str | None) -> bool | None:
 
 
 def _delay(value: float, default: float) -> float:
-    """A delay within [0, MAX_WAIT_SECONDS]; NaN (no meaning as a delay) is the default."""
+    """A delay within [0, MAX_WAIT_SECONDS] to the millisecond; NaN is the default.
+
+    Millisecond resolution keeps the backoff arithmetic away from subnormal
+    floats (a base of 1e-311 s is 0: no waits).
+    """
     if math.isnan(value):
         return default
-    return min(max(float(value), 0.0), MAX_WAIT_SECONDS)
+    return round(min(max(float(value), 0.0), MAX_WAIT_SECONDS), 3)
