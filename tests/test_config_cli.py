@@ -55,7 +55,7 @@ def test_check_shows_the_layer_of_every_value_and_lock_warnings(
     org = write(
         tmp_path,
         "org.toml",
-        'max_attempts = 10\n[backoff]\nmax_delay_secs = 30\n'
+        "max_attempts = 10\n[backoff]\nmax_delay_secs = 30\n"
         '[governance]\nlocked = ["max_attempts"]\n',
     )
     repo = write(tmp_path, "repo.yaml", "max_attempts: 50\nbackoff:\n  jitter: full\n")

@@ -399,3 +399,15 @@ def test_unreadable_and_unsupported_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="must be a table of keys"):
         Policy.from_yaml(write(tmp_path, "list.yaml", "- 1\n- 2\n"))
     assert Policy.from_yaml(write(tmp_path, "empty.yaml", "")) == Policy()
+
+
+def test_docs_and_example_cover_every_key() -> None:
+    root = Path(__file__).resolve().parent.parent
+    docs = (root / "docs" / "policy.md").read_text(encoding="utf-8")
+    example = Policy.from_toml(root / "examples" / "policy.toml")
+    for path in Policy().leaves():
+        table, _, name = path.rpartition(".")
+        assert f"`{name}`" in docs, path
+        if table:
+            assert f"`[{table}]`" in docs or f"[{table}]" in docs, table
+        assert example.provenance[path].endswith("policy.toml"), path
