@@ -22,6 +22,7 @@ from rateloop.admission import (
     LimitSpec,
     Reservation,
 )
+from rateloop.agents import AgentSettings, StepFailure, run_step
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import (
     classify,
@@ -44,6 +45,7 @@ from rateloop.writes import WriteOutcome
 __all__ = [
     "AdmissionRejected",
     "AdmissionTimeout",
+    "AgentSettings",
     "AsyncRateLoop",
     "AttemptLedger",
     "Attempts",
@@ -77,6 +79,7 @@ __all__ = [
     "Route",
     "RunBudget",
     "Status",
+    "StepFailure",
     "Stop",
     "SystemClock",
     "Wait",
@@ -90,4 +93,5 @@ __all__ = [
     "decide",
     "detect_provider",
     "plan_wait",
+    "run_step",
 ]
