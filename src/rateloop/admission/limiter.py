@@ -433,14 +433,16 @@ class Limiter:
         except StopIteration as stop:
             return cast(T, stop.value)
 
-    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[None]:
-        yield _Do(op, local=local)
+    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[float]:
+        result, _, _ = yield _Do(op, local=local)
+        return float(cast(float, result))
 
-    def _run_settle(self, op: SettleOp, *, local: bool) -> None:
-        self._drive(self._settle_flow(op, local))
+    def _run_settle(self, op: SettleOp, *, local: bool) -> float:
+        """Settle on the backend that granted; returns the backend's time."""
+        return self._drive(self._settle_flow(op, local))
 
-    async def _arun_settle(self, op: SettleOp, *, local: bool) -> None:
-        await self._adrive(self._settle_flow(op, local))
+    async def _arun_settle(self, op: SettleOp, *, local: bool) -> float:
+        return await self._adrive(self._settle_flow(op, local))
 
     # -- the public twins -------------------------------------------------------------------------
 

@@ -95,6 +95,10 @@ _TOKEN_DIMENSIONS = (Dimension.INPUT_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.
 class Reservation:
     """A granted claim on capacity in every scope of ``route``.
 
+    ``granted_at`` and ``settled_at`` are the backend's times (Redis ``TIME``
+    in seconds since the epoch; the clock's monotonic seconds in memory);
+    ``settled_at`` stays None when settling needed no backend call.
+
     Use it from sync or async code (``settle``/``asettle``,
     ``release``/``arelease``), or as a (async) context manager: leaving the
     block normally settles at the estimate, leaving it by an exception
@@ -113,6 +117,7 @@ class Reservation:
         "local",
         "priority",
         "route",
+        "settled_at",
     )
 
     def __init__(
@@ -136,6 +141,7 @@ class Reservation:
         self.local = local
         self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
         self.lease_id = lease_id if self.lease_scope is not None else None
+        self.settled_at: float | None = None
         self._lock = threading.Lock()
         self._done = False
 
@@ -227,7 +233,7 @@ class Reservation:
         if op is None:
             return
         try:
-            self._limiter._run_settle(op, local=self.local)
+            self.settled_at = self._limiter._run_settle(op, local=self.local)
         except BaseException:
             self._unclaim()
             raise
@@ -238,7 +244,7 @@ class Reservation:
         if op is None:
             return
         try:
-            await self._limiter._arun_settle(op, local=self.local)
+            self.settled_at = await self._limiter._arun_settle(op, local=self.local)
         except BaseException:
             self._unclaim()
             raise
