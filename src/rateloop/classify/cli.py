@@ -1,9 +1,165 @@
-"""Command-line registration (placeholder until its owner fills it in)."""
+"""``rateloop classify``: classify a saved HTTP response or a CLI agent's output.
+
+The HTTP input is what ``curl -i`` prints: a status line (``HTTP/1.1 429 Too
+Many Requests`` or ``HTTP/2 429``), headers, a blank line, the body.  CRLF or
+LF line ends are accepted, and when there are several header blocks (a
+``100 Continue``, a redirect followed with ``-L``, a proxy's ``200 Connection
+established``) the last one is the response.  ``--text`` reads an agent's
+output instead (with ``--exit-code``).  The signal is printed as JSON; the
+exit code is 0 whatever the kind, and 2 when the input cannot be read.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+from rateloop.classify._core import classify
+from rateloop.classify.text import classify_text
+from rateloop.signal import LimitSignal
+
+__all__ = ["parse_http_message", "register", "signal_as_dict"]
+
+_STATUS_LINE = re.compile(r"^HTTP/(\d(?:\.\d)?)\s+(\d{3})(?:\s+(.*))?$")
+_HEADER = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*)$")
+_EXIT_UNREADABLE = 2
+
+
+def signal_as_dict(signal: LimitSignal) -> dict[str, Any]:
+    """Every field of ``signal`` as JSON-ready values (datetimes in ISO 8601)."""
+    return {
+        "kind": signal.kind.value,
+        "retryable": signal.retryable,
+        "retry_after": signal.retry_after,
+        "reset_at": signal.reset_at.isoformat() if signal.reset_at is not None else None,
+        "dimension": signal.dimension.value if signal.dimension is not None else None,
+        "provider": signal.provider,
+        "request_id": signal.request_id,
+        "status": signal.status,
+        "code": signal.code,
+        "matched": signal.matched,
+        "scope": signal.scope,
+        "operation": signal.operation,
+        "observed": [
+            {
+                "dimension": o.dimension.value,
+                "limit": o.limit,
+                "remaining": o.remaining,
+                "reset_after": o.reset_after,
+            }
+            for o in signal.observed
+        ],
+    }
+
+
+def parse_http_message(text: str) -> tuple[int, list[tuple[str, str]], str]:
+    """``(status, headers, body)`` of a ``curl -i`` style response; the last block wins.
+
+    Raises ``ValueError`` naming what was expected when ``text`` does not
+    start with an HTTP status line.
+    """
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines) and not lines[index].strip():
+        index += 1
+    status: int | None = None
+    headers: list[tuple[str, str]] = []
+    while index < len(lines):
+        match = _STATUS_LINE.match(lines[index].rstrip("\r"))
+        if match is None:
+            break
+        status, headers = int(match.group(2)), []
+        index += 1
+        while index < len(lines) and lines[index].rstrip("\r"):
+            line = lines[index].rstrip("\r")
+            header = _HEADER.match(line)
+            if header:
+                headers.append((header.group(1), header.group(2).strip()))
+            elif line[:1] in (" ", "\t") and headers:  # obsolete line folding
+                name, value = headers[-1]
+                headers[-1] = (name, f"{value} {line.strip()}")
+            index += 1
+        index += 1  # the blank line ending the header block
+        # Another status line right after means that block was interim (100, 3xx, proxy).
+        probe = index
+        while probe < len(lines) and not lines[probe].strip():
+            probe += 1
+        if probe < len(lines) and _STATUS_LINE.match(lines[probe].rstrip("\r")):
+            index = probe
+            continue
+        break
+    if status is None:
+        first = next((line for line in lines if line.strip()), "")[:60]
+        raise ValueError(
+            f"not an HTTP response: expected a status line like "
+            f"'HTTP/1.1 429 Too Many Requests', got {first!r} "
+            "(use --text for a CLI agent's output)"
+        )
+    body = "\n".join(lines[index:]) if index < len(lines) else ""
+    return status, headers, body
+
+
+def _read(source: str | None) -> str:
+    try:
+        stdin = source is None or source == "-"
+        data = sys.stdin.buffer.read() if stdin or source is None else Path(source).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {source!r}: {exc.strerror or exc}") from exc
+    return data.decode("utf-8", "replace")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"rateloop classify: {message}", err=True)
+    return typer.Exit(code=_EXIT_UNREADABLE)
+
+
+def classify_command(
+    file: Annotated[
+        str | None,
+        typer.Argument(
+            help="A saved response (`curl -i` output) or agent output; '-' or nothing reads stdin.",
+            show_default=False,
+        ),
+    ] = None,
+    text: Annotated[
+        bool, typer.Option("--text", help="The input is a CLI agent's output, not HTTP.")
+    ] = False,
+    exit_code: Annotated[
+        int | None,
+        typer.Option("--exit-code", help="The agent's exit code (with --text); 0 is always ok."),
+    ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option("--provider", help="The provider, instead of detecting it (e.g. openai)."),
+    ] = None,
+) -> None:
+    """Classify a saved HTTP response or a CLI agent's output; print the signal as JSON."""
+    if exit_code is not None and not text:
+        raise _fail("--exit-code only applies with --text")
+    try:
+        content = _read(file)
+        if text:
+            signal = classify_text(content, exit_code=exit_code)
+        else:
+            status, headers, body = parse_http_message(content)
+            signal = classify(status, headers, body, provider=provider)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if text and provider:
+        signal = _with_provider(signal, provider)
+    typer.echo(json.dumps(signal_as_dict(signal), indent=2))
+
+
+def _with_provider(signal: LimitSignal, provider: str) -> LimitSignal:
+    return replace(signal, provider=provider.strip().lower())
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the ``rateloop`` app."""
+    """Add ``rateloop classify`` to the ``rateloop`` app."""
+    app.command(name="classify")(classify_command)

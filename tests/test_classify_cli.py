@@ -1,0 +1,134 @@
+"""``rateloop classify``: the real app through CliRunner, and one real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import rateloop
+from rateloop.classify.cli import parse_http_message
+from rateloop.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+
+
+def _run(*args: str, stdin: str | None = None) -> tuple[int, dict[str, object] | str]:
+    result = runner.invoke(app, ["classify", *args], input=stdin)
+    if result.exit_code == 0:
+        return result.exit_code, json.loads(result.stdout)
+    return result.exit_code, result.output
+
+
+def test_readme_demo_in_a_real_subprocess() -> None:
+    """`rateloop classify examples/openai-insufficient-quota.http` prints spend, not retryable."""
+    src = str(Path(rateloop.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "rateloop", "classify", "examples/openai-insufficient-quota.http"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    signal = json.loads(done.stdout)
+    assert (signal["kind"], signal["retryable"], signal["status"], signal["provider"]) == (
+        "spend", False, 429, "openai"
+    )
+    assert signal["code"] == "insufficient_quota"
+    assert signal["observed"][0] == {
+        "dimension": "requests", "limit": 500.0, "remaining": 499.0, "reset_after": 0.12
+    }
+
+
+@pytest.mark.parametrize(
+    ("example", "kind", "retryable"),
+    [
+        ("openai-insufficient-quota.http", "spend", False),
+        ("openai-rate-limit.http", "temporary", True),
+        ("anthropic-overloaded-529.http", "overload", True),
+        ("gemini-daily-quota.http", "period_quota", False),
+    ],
+)
+def test_bundled_http_examples(example: str, kind: str, retryable: bool) -> None:
+    code, signal = _run(str(EXAMPLES / example))
+    assert code == 0
+    assert isinstance(signal, dict)
+    assert (signal["kind"], signal["retryable"]) == (kind, retryable)
+
+
+def test_copilot_text_example() -> None:
+    code, signal = _run("--text", "--exit-code", "1", str(EXAMPLES / "copilot-rate-limit.txt"))
+    assert code == 0
+    assert isinstance(signal, dict)
+    assert (signal["kind"], signal["matched"]) == ("temporary", "hit your rate limit")
+
+
+def test_claude_usage_example_prints_reset_at_in_iso_8601() -> None:
+    code, signal = _run("--text", str(EXAMPLES / "claude-usage-limit.txt"))
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"], signal["reset_at"]) == (
+        0, "period_quota", "2026-01-01T00:00:00+00:00"
+    )
+
+
+def test_text_exit_code_zero_is_ok() -> None:
+    code, signal = _run("--text", "--exit-code", "0", "-", stdin="429 Too Many Requests")
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"]) == (0, "ok")
+
+
+def test_stdin_with_redirect_blocks_and_lf_line_ends() -> None:
+    stdin = (
+        "HTTP/1.1 301 Moved Permanently\nLocation: https://api.example.com/v1\n\n"
+        "HTTP/2 429\nretry-after: 7\nx-slack-req-id: abc\n\n"
+        '{"ok": false, "error": "ratelimited"}\n'
+    )
+    code, signal = _run(stdin=stdin)
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"], signal["retry_after"], signal["provider"]) == (
+        0, "temporary", 7.0, "slack"
+    )
+
+
+def test_provider_override() -> None:
+    stdin = 'HTTP/1.1 402 Payment Required\r\n\r\n{"error": {"message": "Insufficient Balance"}}'
+    code, signal = _run("--provider", "DeepSeek", "-", stdin=stdin)
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"], signal["provider"]) == (0, "spend", "deepseek")
+
+
+def test_unreadable_file_exits_2_with_a_clear_error(tmp_path: Path) -> None:
+    code, output = _run(str(tmp_path / "missing.http"))
+    assert code == 2
+    assert "cannot read" in str(output)
+    assert "missing.http" in str(output)
+
+
+def test_non_http_input_exits_2_and_suggests_text() -> None:
+    code, output = _run(stdin="panic: index out of bounds\n")
+    assert code == 2
+    assert "expected a status line" in str(output)
+    assert "--text" in str(output)
+
+
+def test_exit_code_without_text_is_refused() -> None:
+    code, output = _run("--exit-code", "1", stdin="HTTP/1.1 200 OK\n\n")
+    assert code == 2
+    assert "--exit-code" in str(output)
+
+
+def test_parse_http_message_takes_the_last_block_and_keeps_the_body() -> None:
+    status, headers, body = parse_http_message(
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 Connection established\r\n\r\n"
+        "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nX-Folded: a\r\n b\r\n\r\n"
+        "line one\r\n\r\nline three"
+    )
+    assert status == 503
+    assert headers == [("Retry-After", "5"), ("X-Folded", "a b")]
+    assert body == "line one\r\n\r\nline three"
