@@ -64,6 +64,8 @@ def test_policy_is_frozen_and_limits_read_only() -> None:
     with pytest.raises(TypeError):
         p.limits["x"] = LimitSpec()  # type: ignore[index]
     assert p.limits["openai:gpt-5"] == LimitSpec(requests_per_minute=5)
+    assert hash(p) == hash(Policy.from_dict({"limits": {"openai:gpt-5": {"burst": 0.5}}}))
+    assert p != Policy.from_dict({"limits": {"openai:gpt-5": {"burst": 0.5}}})
 
 
 def test_backoff_and_budget_from_policy() -> None:

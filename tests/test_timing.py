@@ -148,6 +148,13 @@ def test_saturates_for_any_retry_index(b: Backoff, n: int) -> None:
     assert 0 <= low <= d <= high <= b.max_delay
 
 
+def test_subnormal_initial_never_overflows() -> None:
+    b = Backoff(initial=2.225073858507203e-309, max_delay=1.0, multiplier=2.0, jitter="none")
+    assert b.base(1025) == pytest.approx(2.225073858507203e-309 * 2.0**1023 * 2)
+    assert b.base(10**9) == 1.0
+    assert b.bounds(1025)[1] <= 1.0
+
+
 def test_huge_exponent_with_tiny_multiplier_saturates() -> None:
     b = Backoff(initial=1, max_delay=86_400, multiplier=1.000001, jitter="none")
     assert b.base(10**9) == 86_400

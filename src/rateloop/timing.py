@@ -86,10 +86,14 @@ def _grown(initial: float, factor: float, exponent: int, cap: float) -> float:
         return cap
     if factor <= 1.0 or exponent <= 0:
         return initial
-    # initial·factor^e >= cap  <=>  e >= log(cap/initial)/log(factor); decide before pow.
-    if exponent >= math.log(cap / initial) / math.log(factor):
+    # Decide in log space before any power is taken (cap/initial itself may overflow
+    # for a subnormal initial, so the logs are taken apart).
+    log_growth = exponent * math.log(factor)
+    if log_growth >= math.log(cap) - math.log(initial):
         return cap
-    return min(initial * factor**exponent, cap)
+    if log_growth < 700.0:  # factor**exponent is finite: keep exact products (2·2^2 == 8)
+        return min(initial * factor**exponent, cap)
+    return min(math.exp(math.log(initial) + log_growth), cap)
 
 
 def _fmt(seconds: float) -> str:

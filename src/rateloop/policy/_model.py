@@ -193,7 +193,10 @@ class Policy:
     attempts_per_route: int | None = None
     max_wait_secs: float | None = None
     fallback: FallbackPolicy = field(default_factory=FallbackPolicy)
-    limits: Mapping[str, LimitSpec] = field(default_factory=lambda: MappingProxyType({}))
+    # A read-only mapping is not hashable; the hash leaves it out (equality does not).
+    limits: Mapping[str, LimitSpec] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
     agents: AgentsPolicy = field(default_factory=AgentsPolicy)
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     governance: Governance = field(default_factory=Governance)
