@@ -6,6 +6,7 @@ server asked, within budgets), Exit (an explicit outcome for every call).
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -36,16 +37,26 @@ from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, Ratel
 from rateloop.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
-from rateloop.policy import Policy, PolicyWarning
+from rateloop.policy import (
+    AdmissionPolicy,
+    AgentsPolicy,
+    FallbackPolicy,
+    Governance,
+    Layer,
+    Policy,
+    PolicyWarning,
+)
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.timing import Backoff, WaitPlan, plan_wait
 from rateloop.writes import WriteOutcome
 
 __all__ = [
+    "AdmissionPolicy",
     "AdmissionRejected",
     "AdmissionTimeout",
     "AgentSettings",
+    "AgentsPolicy",
     "AsyncRateLoop",
     "AttemptLedger",
     "Attempts",
@@ -61,7 +72,10 @@ __all__ = [
     "Denied",
     "Dimension",
     "FallBack",
+    "FallbackPolicy",
+    "Governance",
     "Kind",
+    "Layer",
     "LimitSignal",
     "LimitSpec",
     "Limiter",
@@ -95,3 +109,7 @@ __all__ = [
     "plan_wait",
     "run_step",
 ]
+
+# A library never configures logging for its users: without a handler of theirs,
+# rateloop's log records (events, policy lock warnings) go nowhere.
+logging.getLogger("rateloop").addHandler(logging.NullHandler())
