@@ -47,6 +47,7 @@ NOT_RATE_LIMITS = [
     ("preset installed", Kind.UNKNOWN),
     ("processed 14290 files", Kind.UNKNOWN),
     ("File \"agent.py\", line 429, in run", Kind.UNKNOWN),
+    ("agent.py:429:7: E501 line too long", Kind.UNKNOWN),
     ("the accurate limits were computed", Kind.UNKNOWN),
     ("API Error: 529 Overloaded", Kind.OVERLOAD),
     ("Error: connect ECONNRESET 104.18.0.1:443", Kind.NETWORK),

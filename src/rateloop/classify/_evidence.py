@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -63,7 +63,6 @@ class Finding:
     retry_after: float | None = None
     reset_at: datetime | None = None
     request_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _text(value: object) -> str:
