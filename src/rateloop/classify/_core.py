@@ -96,11 +96,21 @@ def _request_id(ev: Evidence, finding: Finding) -> str | None:
     return None
 
 
+def _carries_error(ev: Evidence) -> bool:
+    """Whether a 2xx body says it is an error (an SSE error, Slack ``ok: false`` …)."""
+    if ev.sse_error:
+        return True
+    data = ev.data[0] if isinstance(ev.data, list) and ev.data else ev.data
+    if not isinstance(data, Mapping):
+        return False
+    return data.get("type") == "error" or data.get("ok") is False or "error" in data
+
+
 def signal_from(ev: Evidence) -> LimitSignal:
     """The signal for normalized evidence (provider already resolved)."""
     observed: tuple[Observed, ...] = observe(ev.headers, ev.now)
     finding: Finding | None = None
-    if ev.status is not None:
+    if ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
         for rule in _ordered(ev.provider):
             finding = rule(ev)
             if finding is not None:

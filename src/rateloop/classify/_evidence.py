@@ -110,7 +110,8 @@ def _decode_json(text: str) -> Any:
 
 
 def _sse_error(text: str) -> Any:
-    """The decoded ``data`` of the first SSE ``event: error`` (or error-typed data)."""
+    """The decoded ``data`` of the first SSE error: ``event: error``, a payload of
+    ``"type": "error"`` (Anthropic) or one carrying an ``error`` object (OpenAI)."""
     if "data:" not in text:
         return None
     event = ""
@@ -121,7 +122,11 @@ def _sse_error(text: str) -> Any:
             if data:
                 payload = _decode_json("\n".join(data))
                 is_error = event == "error" or (
-                    isinstance(payload, Mapping) and payload.get("type") == "error"
+                    isinstance(payload, Mapping)
+                    and (
+                        payload.get("type") == "error"
+                        or isinstance(payload.get("error"), Mapping)
+                    )
                 )
                 if is_error:
                     return payload if payload is not None else {"error": "\n".join(data)}
