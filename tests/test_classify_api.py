@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import importlib
+import io
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rateloop.classify import PROVIDERS, RESET_FIELDS, detect_provider
+from rateloop.classify import PROVIDERS, RESET_FIELDS, classify, detect_provider
 from rateloop.signal import Kind
 
 # The attribute `rateloop.classify` is the function (exported at top level); the
@@ -40,3 +43,9 @@ def test_detect_provider_from_headers_and_body() -> None:
     assert detect_provider({"x-groq-region": "us"}, None) == "groq"
     assert detect_provider({}, "plain text") is None
     assert detect_provider(None, None) is None
+
+
+def test_headers_from_http_client_message() -> None:
+    message = http.client.parse_headers(io.BytesIO(b"Retry-After: 5\r\nRequest-Id: r1\r\n\r\n"))
+    signal = classify(429, message, None, now=datetime(2026, 1, 1, tzinfo=UTC))  # type: ignore[arg-type]
+    assert (signal.retry_after, signal.request_id) == (5.0, "r1")

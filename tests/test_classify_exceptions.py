@@ -258,3 +258,21 @@ def test_classify_response_needs_a_status() -> None:
 def test_classify_exception_needs_an_exception() -> None:
     with pytest.raises(TypeError, match="needs an exception"):
         classify_exception("boom")  # type: ignore[arg-type]
+
+
+def test_requests_response_and_unread_stream() -> None:
+    requests = pytest.importorskip("requests")
+    response = requests.Response()
+    response.status_code = 429
+    response.headers.update({"Retry-After": "9"})
+    response._content = b'{"error": {"message": "You exceeded your current quota"}}'
+    assert classify_response(response, now=NOW).kind is Kind.SPEND
+    streaming = requests.Response()
+    streaming.status_code = 429
+    streaming.headers.update({"Retry-After": "9"})
+    streaming.raw = None  # never read: the body is skipped, the headers still count
+    signal = classify_response(streaming, now=NOW)
+    assert (signal.kind, signal.retry_after) == (Kind.TEMPORARY, 9.0)
+    error = requests.HTTPError("429", response=response)
+    assert classify_exception(error, now=NOW).kind is Kind.SPEND
+    assert classify_exception(requests.ConnectionError("reset"), now=NOW).kind is Kind.NETWORK

@@ -183,9 +183,14 @@ def classify(
     if provider is not None and not isinstance(provider, str):
         raise TypeError(f"provider must be a string or None, got {provider!r}")
     moment = resolve_now(now)
-    ev = gather(status, headers, body, now=moment, provider=None)
-    nested = others.nested_headers(ev)
-    if nested:
-        ev = replace(ev, headers={**nested, **ev.headers})
-    name = provider.strip().lower() if provider else detect(ev.headers, ev.data, ev.text)
-    return signal_from(replace(ev, provider=name or None))
+    given = provider.strip().lower() or None if provider else None
+    try:
+        ev = gather(status, headers, body, now=moment, provider=None)
+        nested = others.nested_headers(ev)
+        if nested:
+            ev = replace(ev, headers={**nested, **ev.headers})
+        name = given or detect(ev.headers, ev.data, ev.text)
+        return signal_from(replace(ev, provider=name))
+    except Exception:  # a reader bug must not take the caller's loop down: status only
+        bare = Evidence(status=status, headers={}, text="", data=None, now=moment, provider=given)
+        return signal_from(bare)

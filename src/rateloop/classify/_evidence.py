@@ -77,18 +77,18 @@ def normalize_headers(headers: HeadersLike) -> dict[str, str]:
     if headers is None:
         return result
     try:
-        if isinstance(headers, Mapping):
-            items: Iterable[Any] = headers.items()
-            multi = getattr(headers, "multi_items", None)
-            if callable(multi):  # httpx.Headers keeps repeated fields apart
-                items = multi()
+        multi = getattr(headers, "multi_items", None)
+        pairs = getattr(headers, "items", None)
+        if callable(multi):  # httpx.Headers keeps repeated fields apart
+            items: Iterable[Any] = multi()
+        elif callable(pairs):  # any mapping, and http.client's HTTPMessage
+            items = pairs()
         else:
             items = headers
         for item in items:
-            try:
-                name, value = item
-            except (TypeError, ValueError):
+            if not isinstance(item, tuple | list) or len(item) != 2:
                 continue
+            name, value = item
             key = _text(name).strip().lower()
             if not key:
                 continue

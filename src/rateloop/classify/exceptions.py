@@ -96,6 +96,8 @@ def _headers(resp: object) -> Any:
 
 
 def _body(resp: object) -> str | bytes | Mapping[str, Any] | None:
+    if _attr(resp, "_content") is False:  # a requests stream not read yet: never read it here
+        return None
     for name in ("content", "text", "body", "data"):
         value = _attr(resp, name)
         if isinstance(value, bytes | bytearray | str) and value:
@@ -220,9 +222,7 @@ def _one(exc: BaseException, now: datetime) -> LimitSignal | None:
     for reader in (_google, _botocore, _http_error):
         try:
             signal = reader(exc, now)
-        except (TypeError, ValueError):
-            raise
-        except Exception:
+        except Exception:  # a half-built SDK object must not hide the network check
             signal = None
         if signal is not None:
             return signal
