@@ -19,10 +19,11 @@ backend again after :data:`LOCAL_RETRY_SECONDS`.
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import random
+import secrets
 import threading
-import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -85,6 +86,28 @@ class _Sleep:
 _Step = _Do | _Sleep
 _Done = tuple[object, object, bool]  # (result, the op actually run, ran locally)
 _Flow = Generator[_Step, Any, T]
+
+
+class _Plan:
+    """A call's checks, whether it can ever fit, and its operation when no lease is needed."""
+
+    __slots__ = ("checks", "lease_scope", "never", "op", "scopes")
+
+    def __init__(self, scopes: tuple[str, ...], checks: tuple[Check, ...], aimd: AIMD) -> None:
+        self.scopes = scopes
+        self.checks = checks
+        self.never = next((c for c in checks if c.never_fits), None)
+        self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
+        self.op = (
+            AdmitOp(scopes=scopes, checks=checks, lease_id=None, aimd=aimd)
+            if self.lease_scope is None
+            else None
+        )
+
+
+_NO_PLAN = _Plan((), (), AIMD())
+_PLAN_CACHE_SIZE = 4096
+_PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 
 
 def _scaled_check(check: Check, share: float) -> Check:
@@ -158,7 +181,12 @@ class Limiter:
         self._lock = threading.Lock()
         self._limits: dict[str, LimitSpec] = {}
         self._learned: dict[str, LimitSpec] = {}
-        self._plans: dict[tuple[Route, Cost, Priority], tuple[Check, ...]] = {}
+        self._plans: dict[tuple[Route, Cost, Priority], _Plan] = {}
+        self._last_plan: tuple[object, object, object, _Plan] = (None, None, None, _NO_PLAN)
+        self._generation = 0
+        # Lease ids: unique across processes (random prefix), cheap within one.
+        self._lease_prefix = secrets.token_hex(6) + "-"
+        self._lease_counter = itertools.count()
         for scope, spec in (limits or {}).items():
             self.set_limits(scope, spec)
 
@@ -216,7 +244,7 @@ class Limiter:
                 self._limits.pop(scope, None)
             else:
                 self._limits[scope] = spec
-            self._plans.clear()
+            self._forget_plans()
 
     def limits_for(self, scope: str) -> LimitSpec | None:
         """The configured limits of ``scope``, else those learned from headers, else None."""
@@ -227,36 +255,53 @@ class Limiter:
         """The configured limits (a copy)."""
         return dict(self._limits)
 
-    def _checks(self, route: Route, cost: Cost, priority: Priority) -> tuple[Check, ...]:
+    def _plan(self, route: Route, cost: Cost, priority: Priority) -> _Plan:
+        """The checks of a call, built once per (route, cost, priority) and cached."""
+        last = self._last_plan  # the same call again (a loop): skip hashing the route
+        if last[0] is route and last[1] is cost and last[2] is priority:
+            return last[3]
         key = (route, cost, priority)
-        checks = self._plans.get(key)
-        if checks is None:
-            found: list[Check] = []
+        plan = self._plans.get(key)
+        if plan is None:
+            generation = self._generation
+            checks: list[Check] = []
             for scope in route.scopes:
                 spec = self.limits_for(scope)
                 if spec is not None:
-                    found.extend(build_checks(scope, spec, cost, priority))
-            checks = tuple(found)
+                    checks.extend(build_checks(scope, spec, cost, priority))
+            plan = _Plan(route.scopes, tuple(checks), self.aimd)
             with self._lock:
-                if len(self._plans) > 4096:
+                if generation != self._generation:  # limits changed meanwhile
+                    return plan
+                if len(self._plans) >= _PLAN_CACHE_SIZE:
                     self._plans.clear()
-                self._plans[key] = checks
-        return checks
+                self._plans[key] = plan
+        self._last_plan = (route, cost, priority, plan)
+        return plan
+
+    def _forget_plans(self) -> None:
+        """Limits changed: cached plans are stale.  Call with ``_lock`` held."""
+        self._generation += 1
+        self._plans.clear()
+        self._last_plan = (None, None, None, _NO_PLAN)
 
     # -- flows: the algorithm, written once ----------------------------------------------
 
     def _admit_flow(
         self, route: Route, cost: Cost, priority: str | Priority
     ) -> _Flow[Reservation | Denied]:
-        prio = Priority.parse(priority)
-        checks = self._checks(route, cost, prio)
-        needs_lease = any(c.kind is CheckKind.LEASE for c in checks)
-        op = AdmitOp(
-            scopes=route.scopes,
-            checks=checks,
-            lease_id=uuid.uuid4().hex if needs_lease else None,
-            aimd=self.aimd,
-        )
+        prio = _PRIORITIES.get(priority) or Priority.parse(priority)
+        plan = self._plan(route, cost, prio)
+        if plan.never is not None:  # no state can change this: no round trip
+            return self._never_fits(plan.never)
+        op = plan.op
+        if op is None:
+            op = AdmitOp(
+                scopes=plan.scopes,
+                checks=plan.checks,
+                lease_id=f"{self._lease_prefix}{next(self._lease_counter)}",
+                aimd=self.aimd,
+            )
         result, ran, local = yield _Do(op)
         assert isinstance(result, AdmitResult) and isinstance(ran, AdmitOp)
         if result.granted:
@@ -267,26 +312,32 @@ class Limiter:
                 priority=prio,
                 checks=ran.checks,
                 lease_id=ran.lease_id,
+                lease_scope=plan.lease_scope,
                 granted_at=result.now,
                 local=local,
             )
-        return self._denied(result, ran)
+        if result.never_fits:  # the local share can be smaller than a cost
+            check = next(
+                c for c in ran.checks if c.scope == result.scope and c.dimension == result.dimension
+            )
+            return self._never_fits(check)
+        return self._denied(result)
 
-    def _denied(self, result: AdmitResult, op: AdmitOp) -> Denied:
+    def _never_fits(self, check: Check) -> Denied:
+        return Denied(
+            retry_after=0.0,
+            scope=check.scope,
+            dimension=check.dimension,
+            reason=(
+                f"cost of {check.amount:g} {check.dimension.value} exceeds what this "
+                f"priority may ever use at once ({check.allowed:g} of {check.capacity:g})"
+            ),
+            never_fits=True,
+        )
+
+    def _denied(self, result: AdmitResult) -> Denied:
         scope = result.scope or ""
         dim = result.dimension
-        if result.never_fits:
-            check = next(c for c in op.checks if c.scope == scope and c.dimension == dim)
-            return Denied(
-                retry_after=0.0,
-                scope=scope,
-                dimension=dim,
-                reason=(
-                    f"cost of {check.amount:g} {check.dimension.value} exceeds what this "
-                    f"priority may ever use at once ({check.allowed:g} of {check.capacity:g})"
-                ),
-                never_fits=True,
-            )
         wait = result.wait
         if result.paused_reason is not None:
             wait += pause_spread(wait, self._rng.random())
@@ -373,7 +424,7 @@ class Limiter:
             spec = replace(old, **learned) if old is not None else LimitSpec(**learned)
             if spec != old:
                 self._learned[scope] = spec
-                self._plans.clear()
+                self._forget_plans()
 
     # -- drivers -------------------------------------------------------------------------------
 
@@ -384,7 +435,9 @@ class Limiter:
             return self._local
 
     def _prefer_local(self, step: _Do) -> bool:
-        return step.local or self._clock.monotonic() < self._local_until
+        if step.local:
+            return True
+        return self._local_until > -math.inf and self._clock.monotonic() < self._local_until
 
     def _fallback(self, exc: BackendUnreachable) -> None:
         if self._on_unreachable != "local":

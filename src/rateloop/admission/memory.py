@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.gcra import (
@@ -34,8 +35,12 @@ from rateloop.admission.plan import (
     PauseResult,
     SettleOp,
 )
+from rateloop.signal import Dimension
 
 __all__ = ["MemoryBackend"]
+
+_BUCKET = CheckKind.BUCKET
+_DAY = CheckKind.DAY
 
 
 @dataclass(slots=True)
@@ -47,8 +52,8 @@ class _Day:
 
 @dataclass(slots=True)
 class _Scope:
-    buckets: dict[str, Bucket] = field(default_factory=dict)
-    days: dict[str, _Day] = field(default_factory=dict)
+    buckets: dict[Dimension, Bucket] = field(default_factory=dict)
+    days: dict[Dimension, _Day] = field(default_factory=dict)
     leases: dict[str, float] = field(default_factory=dict)
     paused_until: float = -math.inf
     pause_reason: str = ""
@@ -57,7 +62,10 @@ class _Scope:
     last_decrease: float = -math.inf
 
     def factor_at(self, now: float, aimd: AIMD) -> float:
-        return effective_factor(self.factor, self.factor_since, now, aimd)
+        factor = effective_factor(self.factor, self.factor_since, now, aimd)
+        if factor >= 1.0:
+            self.factor = 1.0  # fully recovered: back on the fast path
+        return factor
 
 
 class MemoryBackend:
@@ -77,16 +85,15 @@ class MemoryBackend:
 
     def execute(self, op: object) -> object:
         now = self._clock.monotonic()
-        wall = self._clock.now().timestamp()
         with self._lock:
-            if isinstance(op, AdmitOp):
-                return self._admit(op, now, wall)
+            if type(op) is AdmitOp:
+                return self._admit(op, now)
             if isinstance(op, SettleOp):
                 return self._settle(op, now)
             if isinstance(op, PauseOp):
                 return self._pause(op, now)
             if isinstance(op, ObserveOp):
-                return self._observe(op, now, wall)
+                return self._observe(op, now, self._clock.now().timestamp())
         raise TypeError(f"MemoryBackend cannot execute {op!r}")
 
     async def aexecute(self, op: object) -> object:
@@ -107,11 +114,24 @@ class MemoryBackend:
         return state
 
     def _rate(self, check: Check, state: _Scope, now: float, aimd: AIMD) -> float:
-        return check.rate * (state.factor_at(now, aimd) if check.scaled else 1.0)
+        if not check.scaled or state.factor >= 1.0:
+            return check.rate
+        return check.rate * state.factor_at(now, aimd)
 
-    def _admit(self, op: AdmitOp, now: float, wall: float) -> AdmitResult:
+    def _admit(self, op: AdmitOp, now: float) -> AdmitResult:
+        """Compute every wait first; apply only when all are zero.  (The hot path.)"""
+        scopes = self._scopes
+        wait = 0.0
+        blame: tuple[str, Dimension | None, str | None] | None = None
+        for key in op.scopes:
+            state = scopes.get(key)
+            if state is not None and state.paused_until - now > wait:
+                wait = state.paused_until - now
+                blame = (key, None, state.pause_reason)
+        wall: float | None = None
+        staged: list[tuple[Check, _Scope, Any, float, int]] = []
         for check in op.checks:
-            if check.never_fits:
+            if check.amount > check.allowed:
                 return AdmitResult(
                     granted=False,
                     now=now,
@@ -119,62 +139,59 @@ class MemoryBackend:
                     dimension=check.dimension,
                     never_fits=True,
                 )
-        wait = 0.0
-        result = AdmitResult(granted=True, now=now)
-        for key in op.scopes:
-            state = self._scopes.get(key)
-            if state is not None and state.paused_until - now > wait:
-                wait = state.paused_until - now
-                result = AdmitResult(
-                    granted=False, now=now, wait=wait, scope=key, paused_reason=state.pause_reason
-                )
-        for check in op.checks:
-            w = self._wait(check, self._scope(check.scope), now, wall, op.aimd)
+            state = scopes.get(check.scope) or self._scope(check.scope)
+            kind = check.kind
+            if kind is _BUCKET:
+                bucket = state.buckets.get(check.dimension)
+                if bucket is None:
+                    bucket = state.buckets[check.dimension] = Bucket()
+                rate = self._rate(check, state, now, op.aimd)
+                level = drained(bucket.level, bucket.ts, now, rate)
+                w = bucket_wait(level, check.amount, check.allowed, rate)
+                w = max(w, bucket.blocked_until - now)
+                staged.append((check, state, bucket, level, 0))
+            elif kind is _DAY:
+                day = state.days.get(check.dimension)
+                if day is None:
+                    day = state.days[check.dimension] = _Day()
+                if wall is None:
+                    wall = self._clock.now().timestamp()
+                index, end = day_window(wall, check.offset)
+                count = day.count if day.index == index else 0.0
+                w = end - wall if count + check.amount > check.allowed else 0.0
+                w = max(w, day.blocked_until - now)
+                staged.append((check, state, day, count + check.amount, index))
+            else:
+                live = {lid: exp for lid, exp in state.leases.items() if exp > now}
+                state.leases = live
+                w = 0.0
+                if len(live) + 1 > check.allowed:
+                    w = max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
+                staged.append((check, state, None, 0.0, 0))
             if w > wait:
                 wait = w
-                result = AdmitResult(
-                    granted=False, now=now, wait=w, scope=check.scope, dimension=check.dimension
-                )
-        if not result.granted:
-            return result
-        for check in op.checks:
-            self._take(check, self._scope(check.scope), now, wall, op)
-        return result
-
-    def _wait(self, check: Check, state: _Scope, now: float, wall: float, aimd: AIMD) -> float:
-        name = check.dimension.value
-        if check.kind is CheckKind.BUCKET:
-            bucket = state.buckets.setdefault(name, Bucket())
-            rate = self._rate(check, state, now, aimd)
-            level = drained(bucket.level, bucket.ts, now, rate)
-            wait = bucket_wait(level, check.amount, check.allowed, rate)
-            return max(wait, bucket.blocked_until - now)
-        if check.kind is CheckKind.DAY:
-            day = state.days.setdefault(name, _Day())
-            index, end = day_window(wall, check.offset)
-            count = day.count if day.index == index else 0.0
-            wait = end - wall if count + check.amount > check.allowed else 0.0
-            return max(wait, day.blocked_until - now)
-        live = {lid: exp for lid, exp in state.leases.items() if exp > now}
-        state.leases = live
-        if len(live) + 1 > check.allowed:
-            return max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
-        return 0.0
-
-    def _take(self, check: Check, state: _Scope, now: float, wall: float, op: AdmitOp) -> None:
-        name = check.dimension.value
-        if check.kind is CheckKind.BUCKET:
-            bucket = state.buckets[name]
-            rate = self._rate(check, state, now, op.aimd)
-            bucket.level = drained(bucket.level, bucket.ts, now, rate) + check.amount
-            bucket.ts = now
-        elif check.kind is CheckKind.DAY:
-            day = state.days[name]
-            index, _ = day_window(wall, check.offset)
-            day.count = (day.count if day.index == index else 0.0) + check.amount
-            day.index = index
-        elif op.lease_id is not None:
-            state.leases[op.lease_id] = now + check.ttl
+                blame = (check.scope, check.dimension, None)
+        if blame is not None:
+            scope, dimension, reason = blame
+            return AdmitResult(
+                granted=False,
+                now=now,
+                wait=wait,
+                scope=scope,
+                dimension=dimension,
+                paused_reason=reason,
+            )
+        for check, state, slot, value, index in staged:
+            if slot is None:
+                if op.lease_id is not None:
+                    state.leases[op.lease_id] = now + check.ttl
+            elif type(slot) is Bucket:
+                slot.level = value + check.amount
+                slot.ts = now
+            else:
+                slot.count = value
+                slot.index = index
+        return AdmitResult(granted=True, now=now)
 
     def _settle(self, op: SettleOp, now: float) -> float:
         for adj in op.adjustments:
@@ -182,7 +199,7 @@ class MemoryBackend:
             if check.kind is not CheckKind.BUCKET:
                 continue
             state = self._scope(check.scope)
-            bucket = state.buckets.setdefault(check.dimension.value, Bucket())
+            bucket = state.buckets.setdefault(check.dimension, Bucket())
             rate = self._rate(check, state, now, op.aimd)
             bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + adj.delta)
             bucket.ts = now
@@ -208,7 +225,7 @@ class MemoryBackend:
                 state.factor, state.factor_since, state.last_decrease = factor, now, now
         for t in op.tightenings:
             check = t.check
-            name = check.dimension.value
+            name = check.dimension
             block = (
                 now + t.reset_after
                 if t.remaining is not None and t.remaining < 1 and t.reset_after

@@ -32,6 +32,7 @@ from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitResult,
+    Check,
     CheckKind,
     ObserveOp,
     PauseOp,
@@ -53,6 +54,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["RedisBackend", "redact_url"]
 
 _SCRIPTS = ("admit", "settle", "pause", "observe")
+
+# (checks, op scopes, all scopes, KEYS, ARGV after the lease id and recovery rate)
+_EncodedPlan = tuple[tuple[Check, ...], tuple[str, ...], tuple[str, ...], list[bytes], list[bytes]]
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
     "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
@@ -107,6 +111,7 @@ class RedisBackend:
         self._client: redis.Redis | None = None
         self._scripts: dict[str, Script] = {}
         # redis.asyncio connections belong to one event loop: one client per loop.
+        self._admit_cache: dict[int, _EncodedPlan] = {}
         self._aclients: dict[
             asyncio.AbstractEventLoop, tuple[aredis.Redis, dict[str, AsyncScript]]
         ] = {}
@@ -183,7 +188,7 @@ class RedisBackend:
             ]
         return keys
 
-    def _encode(self, op: object) -> tuple[str, list[str], list[str], Any]:
+    def _encode(self, op: object) -> tuple[str, list[Any], list[Any], Any]:
         if isinstance(op, AdmitOp):
             return self._encode_admit(op)
         if isinstance(op, SettleOp):
@@ -199,14 +204,42 @@ class RedisBackend:
             return self._encode_observe(op)
         raise TypeError(f"RedisBackend cannot execute {op!r}")
 
-    def _encode_admit(self, op: AdmitOp) -> tuple[str, list[str], list[str], Any]:
+    def _encode_admit(self, op: AdmitOp) -> tuple[str, list[Any], list[Any], Any]:
+        # The keys and the per-check arguments only depend on the plan, which the
+        # limiter caches: encode them once per plan (checked by identity).
+        cached = self._admit_cache.get(id(op.checks))
+        if cached is None or cached[0] is not op.checks or cached[1] is not op.scopes:
+            cached = self._encode_plan(op)
+            if len(self._admit_cache) >= 4096:
+                self._admit_cache.clear()
+            self._admit_cache[id(op.checks)] = cached
+        _, _, scopes, keys, tail = cached
+        args: list[Any] = [op.lease_id or "", _fmt(op.aimd.recover_per_second), *tail]
+
+        def decode(reply: list[Any]) -> AdmitResult:
+            if len(reply) == 2:
+                return AdmitResult(granted=True, now=float(reply[1]))
+            _, now, wait, scope_i, field, never, paused, reason = reply
+            scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
+            return AdmitResult(
+                granted=False,
+                now=float(now),
+                wait=float(wait),
+                scope=scope,
+                dimension=Dimension(field) if field else None,
+                never_fits=bool(int(never)),
+                paused_reason=str(reason) if int(paused) else None,
+            )
+
+        return "admit", keys, args, decode
+
+    def _encode_plan(self, op: AdmitOp) -> _EncodedPlan:
         scopes = _scopes_of(op.scopes, (c.scope for c in op.checks))
         index = {s: i + 1 for i, s in enumerate(scopes)}
-        args = [op.lease_id or "", _fmt(op.aimd.recover_per_second), _fmt(LEASE_POLL_SECONDS)]
-        args.append(str(len(scopes)))
+        tail = [_fmt(LEASE_POLL_SECONDS), str(len(scopes))]
         for c in op.checks:
             extra = c.offset if c.kind is CheckKind.DAY else c.ttl
-            args += [
+            tail += [
                 str(index[c.scope]),
                 c.dimension.value,
                 c.kind.value,
@@ -217,21 +250,9 @@ class RedisBackend:
                 "1" if c.scaled else "0",
                 _fmt(extra),
             ]
-
-        def decode(reply: list[Any]) -> AdmitResult:
-            granted, now, wait, scope_i, field, never, paused, reason = reply
-            scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
-            return AdmitResult(
-                granted=bool(int(granted)),
-                now=float(now),
-                wait=float(wait),
-                scope=scope,
-                dimension=Dimension(field) if field else None,
-                never_fits=bool(int(never)),
-                paused_reason=str(reason) if int(paused) else None,
-            )
-
-        return "admit", self._keys(scopes), args, decode
+        # Pre-encoded: redis-py passes bytes through without converting them again.
+        keys = [k.encode() for k in self._keys(scopes)]
+        return (op.checks, op.scopes, scopes, keys, [a.encode() for a in tail])
 
     def _encode_settle(self, op: SettleOp) -> tuple[str, list[str], list[str], Any]:
         extra = [a.check.scope for a in op.adjustments]

@@ -1,0 +1,241 @@
+"""Admissions per second: rateloop vs `limits` vs `pyrate-limiter`, memory and Redis, side by side.
+
+Usage::
+
+    python bench/admission_bench.py [--n 20000] [--redis redis://127.0.0.1:6379/0] [--json out.json]
+
+Each case admits ``n`` calls in a tight single-threaded loop with limits so
+high that nothing is denied, so the number measured is the cost of one
+admission.  "1 dim" limits requests per minute; "3 dims" limits requests,
+input tokens and output tokens per minute (rateloop admits the three
+atomically in one step; `limits` and `pyrate-limiter` need one hit per
+dimension, which is not atomic).  For Redis cases the script also reports
+commands sent per admission, from ``INFO commandstats`` deltas (no MONITOR),
+so run it against an otherwise idle Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.spec import LimitSpec
+from rateloop.route import Cost, Route
+
+HIGH = 10**9  # a per-minute limit nothing reaches
+ROUTE = Route(provider="bench", model="m")
+COST = Cost(input_tokens=100, output_tokens=50)
+
+
+@dataclass
+class Result:
+    name: str
+    backend: str
+    dims: int
+    per_second: float
+    round_trips: float | None  # socket writes by the client per admission
+    server_commands: float | None  # commands Redis ran per admission, script internals included
+
+
+class CountingConnection(redis.Connection):
+    """A real redis-py connection that counts its writes: one per round trip.
+
+    A pipeline is one write; so is an EVALSHA however much its script does.
+    """
+
+    writes = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.writes += 1
+        super().send_packed_command(command, check_health)
+
+
+def commandstats(client: redis.Redis) -> int:
+    """Every command Redis executed, including those called inside scripts."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
+
+
+def measure(
+    name: str,
+    backend: str,
+    dims: int,
+    admit: Callable[[], object],
+    n: int,
+    rclient: redis.Redis | None,
+) -> Result:
+    for _ in range(min(200, n)):  # warm up: connections, script loads, caches
+        admit()
+    before = commandstats(rclient) if rclient is not None else 0
+    writes = CountingConnection.writes
+    start = time.perf_counter()
+    for _ in range(n):
+        admit()
+    elapsed = time.perf_counter() - start
+    trips = commands = None
+    if rclient is not None:
+        trips = (CountingConnection.writes - writes) / n
+        # minus the INFO call made to read the counters
+        commands = (commandstats(rclient) - before - 1) / n
+    return Result(name, backend, dims, n / elapsed, trips, commands)
+
+
+# -- rateloop ----------------------------------------------------------------------------------
+
+
+def rateloop_case(url: str, dims: int, prefix: str) -> Callable[[], object]:
+    spec = (
+        LimitSpec(requests_per_minute=HIGH)
+        if dims == 1
+        else LimitSpec(
+            requests_per_minute=HIGH, input_tokens_per_minute=HIGH, output_tokens_per_minute=HIGH
+        )
+    )
+    options = {"connection_class": CountingConnection} if url.startswith("redis") else {}
+    limiter = Limiter.from_url(url, prefix=prefix, limits={"bench:m": spec}, **options)
+    cost = Cost() if dims == 1 else COST
+
+    def admit() -> object:
+        r = limiter.try_reserve(ROUTE, cost)
+        assert r, r
+        return r
+
+    return admit
+
+
+# -- limits --------------------------------------------------------------------------------------
+
+
+def limits_case(storage_uri: str, strategy: str, dims: int, prefix: str) -> Callable[[], object]:
+    from limits import RateLimitItemPerMinute, storage, strategies
+
+    kwargs: dict[str, Any] = {}
+    if storage_uri.startswith("redis"):
+        kwargs = {"key_prefix": prefix, "connection_class": CountingConnection}
+    store = storage.storage_from_string(storage_uri, **kwargs)
+    limiter = {
+        "moving": strategies.MovingWindowRateLimiter,
+        "fixed": strategies.FixedWindowRateLimiter,
+        "sliding": strategies.SlidingWindowCounterRateLimiter,
+    }[strategy](store)
+    item = RateLimitItemPerMinute(HIGH)
+    if dims == 1:
+        return lambda: limiter.hit(item, "bench", "requests")
+
+    def admit() -> object:
+        ok = limiter.hit(item, "bench", "requests")
+        ok = ok and limiter.hit(item, "bench", "input", cost=COST.input_tokens)
+        return ok and limiter.hit(item, "bench", "output", cost=COST.output_tokens)
+
+    return admit
+
+
+# -- pyrate-limiter ------------------------------------------------------------------------------
+
+
+def pyrate_case(kind: str, dims: int, rclient: redis.Redis | None, prefix: str) -> Callable[[], object]:
+    from pyrate_limiter import (
+        GCRA,
+        Duration,
+        InMemoryBucket,
+        Limiter as PyrateLimiter,
+        Rate,
+        RedisBucket,
+        RedisStateStore,
+        StateBucket,
+    )
+
+    def bucket(key: str) -> Any:
+        rates = [Rate(HIGH, Duration.MINUTE)]
+        if kind == "memory-log":
+            return InMemoryBucket(rates)
+        if kind == "memory-gcra":
+            return StateBucket(rates, GCRA())
+        assert rclient is not None
+        if kind == "redis-log":
+            return RedisBucket.init(rates, rclient, f"{prefix}{key}")
+        return StateBucket(rates, GCRA(), RedisStateStore(rclient, f"{prefix}{key}"))
+
+    names = ["requests"] if dims == 1 else ["requests", "input", "output"]
+    weights = {"requests": 1, "input": COST.input_tokens, "output": COST.output_tokens}
+    limiters = {n: PyrateLimiter(bucket(n)) for n in names}
+
+    def admit() -> object:
+        ok = True
+        for name in names:
+            ok = ok and bool(limiters[name].try_acquire(name, weight=weights[name], blocking=False))
+        return ok
+
+    return admit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--n", type=int, default=20_000, help="admissions per memory case")
+    parser.add_argument("--n-redis", type=int, default=5_000, help="admissions per Redis case")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+
+    prefix = f"rateloop-bench:{uuid.uuid4().hex[:8]}:"
+    rclient = redis.Redis.from_url(args.redis)  # for INFO and cleanup: not counted
+    pyrate_client = redis.Redis.from_url(args.redis, connection_class=CountingConnection)
+    results: list[Result] = []
+    try:
+        for dims in (1, 3):
+            mem = [
+                ("rateloop", "memory", rateloop_case("memory://", dims, prefix)),
+                ("limits MovingWindow", "memory", limits_case("memory://", "moving", dims, prefix)),
+                ("limits FixedWindow", "memory", limits_case("memory://", "fixed", dims, prefix)),
+                ("limits SlidingWindowCounter", "memory", limits_case("memory://", "sliding", dims, prefix)),
+                ("pyrate-limiter InMemoryBucket", "memory", pyrate_case("memory-log", dims, None, prefix)),
+                ("pyrate-limiter GCRA StateBucket", "memory", pyrate_case("memory-gcra", dims, None, prefix)),
+            ]
+            red = [
+                ("rateloop", "redis", rateloop_case(args.redis, dims, f"{prefix}rl{dims}:")),
+                ("limits MovingWindow", "redis", limits_case(args.redis, "moving", dims, f"{prefix}mw{dims}")),
+                ("limits FixedWindow", "redis", limits_case(args.redis, "fixed", dims, f"{prefix}fw{dims}")),
+                ("limits SlidingWindowCounter", "redis", limits_case(args.redis, "sliding", dims, f"{prefix}sw{dims}")),
+                ("pyrate-limiter RedisBucket", "redis", pyrate_case("redis-log", dims, pyrate_client, f"{prefix}pl{dims}:")),
+                ("pyrate-limiter GCRA RedisStateStore", "redis", pyrate_case("redis-gcra", dims, pyrate_client, f"{prefix}pg{dims}:")),
+            ]
+            for name, backend, admit in mem:
+                results.append(measure(name, backend, dims, admit, args.n, None))
+            for name, backend, admit in red:
+                results.append(measure(name, backend, dims, admit, args.n_redis, rclient))
+    finally:
+        keys = list(rclient.scan_iter(match=f"{prefix}*", count=1000))
+        keys += list(rclient.scan_iter(match=f"*{prefix}*", count=1000))
+        if keys:
+            rclient.delete(*set(keys))
+        rclient.close()
+
+    print(
+        f"{'case':38} {'backend':7} {'dims':>4} {'adm/s':>9} {'rateloop/it':>11} "
+        f"{'trips/adm':>9} {'cmds/adm':>8}"
+    )
+    for r in results:
+        base = next(
+            x for x in results if x.name == "rateloop" and x.backend == r.backend and x.dims == r.dims
+        )
+        trips = f"{r.round_trips:.2f}" if r.round_trips is not None else "-"
+        cmds = f"{r.server_commands:.2f}" if r.server_commands is not None else "-"
+        print(
+            f"{r.name:38} {r.backend:7} {r.dims:>4} {r.per_second:>9,.0f} "
+            f"{base.per_second / r.per_second:>10.2f}x {trips:>9} {cmds:>8}"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([r.__dict__ for r in results], fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
