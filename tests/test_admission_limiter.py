@@ -188,3 +188,91 @@ def test_unlimited_route_is_admitted(clock: FakeClock) -> None:
     r = limiter.try_reserve(ROUTE, Cost(input_tokens=10**9))
     assert isinstance(r, Reservation)
     r.settle(1, 1)
+
+
+def test_memory_backend_is_safe_across_threads(clock: FakeClock) -> None:
+    import threading
+
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=500, concurrency=300)})
+    granted: list[Reservation] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(200):
+            r = limiter.try_reserve(ROUTE, Cost())
+            if isinstance(r, Reservation):
+                with lock:
+                    granted.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == 300  # concurrency binds before the 500 requests
+    assert len({r.lease_id for r in granted}) == 300
+
+
+def test_pause_until_a_datetime_and_reserve_wakes_with_a_spread(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    limiter.pause("openai:gpt-5:proj-1", clock.now() + timedelta(seconds=20), "429 from provider")
+    r = limiter.reserve(ROUTE, Cost())
+    assert isinstance(r, Reservation)
+    assert len(clock.sleeps) == 1
+    assert 20.0 < clock.sleeps[0] <= 21.0  # up to 10 % (at most 1 s) later
+    with pytest.raises(ValueError, match="timezone-aware"):
+        limiter.pause("openai:gpt-5", clock.now().replace(tzinfo=None), "naive")
+    with pytest.raises(TypeError, match="datetime or seconds"):
+        limiter.pause("openai:gpt-5", "soon", "bad")  # type: ignore[arg-type]
+    limiter.pause("openai:gpt-5", -5, "in the past: nothing to do")
+    assert limiter.try_reserve(ROUTE, Cost())
+
+
+def test_rate_lowered_by_a_429_recovers_additively(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    from rateloop.signal import Kind, LimitSignal
+
+    limiter.observe("openai:gpt-5", LimitSignal.of(Kind.TEMPORARY, status=429))
+    for _ in range(60):
+        assert limiter.try_reserve(ROUTE, Cost())
+    d = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(d, Denied)
+    assert d.retry_after == pytest.approx(1 / 0.8)
+    clock.advance(2.5)  # past the cooldown: a second 429 lowers it again
+    limiter.observe("openai:gpt-5", LimitSignal.of(Kind.TEMPORARY, status=429))
+    clock.advance(60.0)  # +0.1 per minute
+    while limiter.try_reserve(ROUTE, Cost()):
+        pass
+    d = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(d, Denied)
+    waited = d.retry_after
+    clock.advance(waited)  # now exactly one fits, and then the bucket is full
+    assert limiter.try_reserve(ROUTE, Cost())
+    d = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(d, Denied)
+    # ×0.8 of (0.8 recovered for 2.5 s), then recovering for 60 s + waited at +0.1/min
+    factor = (0.8 + 2.5 * 0.1 / 60) * 0.8 + (60.0 + waited) * 0.1 / 60
+    assert d.retry_after == pytest.approx(1 / factor, rel=1e-3)
+
+
+def test_settle_rejects_bad_usage(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(tokens_per_minute=100)})
+    r = limiter.try_reserve(ROUTE, Cost(input_tokens=10))
+    assert isinstance(r, Reservation)
+    with pytest.raises(ValueError, match="input_tokens must be an int >= 0, got -1"):
+        r.settle(-1, 0)
+    assert not r.done
+    r.settle(10, 0)
+    assert r.done
+    assert "done" in repr(r)
+
+
+def test_set_limits_takes_effect_for_the_next_call(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=1)})
+    assert limiter.try_reserve(ROUTE, Cost())
+    assert not limiter.try_reserve(ROUTE, Cost())
+    limiter.set_limits("openai:gpt-5", None)
+    assert limiter.try_reserve(ROUTE, Cost())
+    with pytest.raises(ValueError, match="non-empty"):
+        limiter.set_limits("", LimitSpec())
+    assert "memory://" in repr(limiter)
