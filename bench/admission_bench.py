@@ -141,16 +141,20 @@ def limits_case(storage_uri: str, strategy: str, dims: int, prefix: str) -> Call
 # -- pyrate-limiter ------------------------------------------------------------------------------
 
 
-def pyrate_case(kind: str, dims: int, rclient: redis.Redis | None, prefix: str) -> Callable[[], object]:
+def pyrate_case(
+    kind: str, dims: int, rclient: redis.Redis | None, prefix: str
+) -> Callable[[], object]:
     from pyrate_limiter import (
         GCRA,
         Duration,
         InMemoryBucket,
-        Limiter as PyrateLimiter,
         Rate,
         RedisBucket,
         RedisStateStore,
         StateBucket,
+    )
+    from pyrate_limiter import (
+        Limiter as PyrateLimiter,
     )
 
     def bucket(key: str) -> Any:
@@ -178,7 +182,9 @@ def pyrate_case(kind: str, dims: int, rclient: redis.Redis | None, prefix: str) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=20_000, help="admissions per memory case")
     parser.add_argument("--n-redis", type=int, default=5_000, help="admissions per Redis case")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
@@ -195,17 +201,49 @@ def main() -> None:
                 ("rateloop", "memory", rateloop_case("memory://", dims, prefix)),
                 ("limits MovingWindow", "memory", limits_case("memory://", "moving", dims, prefix)),
                 ("limits FixedWindow", "memory", limits_case("memory://", "fixed", dims, prefix)),
-                ("limits SlidingWindowCounter", "memory", limits_case("memory://", "sliding", dims, prefix)),
-                ("pyrate-limiter InMemoryBucket", "memory", pyrate_case("memory-log", dims, None, prefix)),
-                ("pyrate-limiter GCRA StateBucket", "memory", pyrate_case("memory-gcra", dims, None, prefix)),
+                (
+                    "limits SlidingWindowCounter",
+                    "memory",
+                    limits_case("memory://", "sliding", dims, prefix),
+                ),
+                (
+                    "pyrate-limiter InMemoryBucket",
+                    "memory",
+                    pyrate_case("memory-log", dims, None, prefix),
+                ),
+                (
+                    "pyrate-limiter GCRA StateBucket",
+                    "memory",
+                    pyrate_case("memory-gcra", dims, None, prefix),
+                ),
             ]
             red = [
                 ("rateloop", "redis", rateloop_case(args.redis, dims, f"{prefix}rl{dims}:")),
-                ("limits MovingWindow", "redis", limits_case(args.redis, "moving", dims, f"{prefix}mw{dims}")),
-                ("limits FixedWindow", "redis", limits_case(args.redis, "fixed", dims, f"{prefix}fw{dims}")),
-                ("limits SlidingWindowCounter", "redis", limits_case(args.redis, "sliding", dims, f"{prefix}sw{dims}")),
-                ("pyrate-limiter RedisBucket", "redis", pyrate_case("redis-log", dims, pyrate_client, f"{prefix}pl{dims}:")),
-                ("pyrate-limiter GCRA RedisStateStore", "redis", pyrate_case("redis-gcra", dims, pyrate_client, f"{prefix}pg{dims}:")),
+                (
+                    "limits MovingWindow",
+                    "redis",
+                    limits_case(args.redis, "moving", dims, f"{prefix}mw{dims}"),
+                ),
+                (
+                    "limits FixedWindow",
+                    "redis",
+                    limits_case(args.redis, "fixed", dims, f"{prefix}fw{dims}"),
+                ),
+                (
+                    "limits SlidingWindowCounter",
+                    "redis",
+                    limits_case(args.redis, "sliding", dims, f"{prefix}sw{dims}"),
+                ),
+                (
+                    "pyrate-limiter RedisBucket",
+                    "redis",
+                    pyrate_case("redis-log", dims, pyrate_client, f"{prefix}pl{dims}:"),
+                ),
+                (
+                    "pyrate-limiter GCRA RedisStateStore",
+                    "redis",
+                    pyrate_case("redis-gcra", dims, pyrate_client, f"{prefix}pg{dims}:"),
+                ),
             ]
             for name, backend, admit in mem:
                 results.append(measure(name, backend, dims, admit, args.n, None))
@@ -224,7 +262,9 @@ def main() -> None:
     )
     for r in results:
         base = next(
-            x for x in results if x.name == "rateloop" and x.backend == r.backend and x.dims == r.dims
+            x
+            for x in results
+            if x.name == "rateloop" and x.backend == r.backend and x.dims == r.dims
         )
         trips = f"{r.round_trips:.2f}" if r.round_trips is not None else "-"
         cmds = f"{r.server_commands:.2f}" if r.server_commands is not None else "-"
