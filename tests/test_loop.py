@@ -564,3 +564,43 @@ def test_run_budget_bounds_attempts_across_the_calls_of_a_task(clock: FakeClock)
     assert statuses[:2] == [Status.COMPLETED, Status.COMPLETED]
     assert statuses[2] is Status.FAILED_RETRY_EXHAUSTED
     assert statuses[3] is Status.FAILED_RETRY_EXHAUSTED
+
+
+def test_backoff_past_the_deadline_is_not_taken(run: Runner, clock: FakeClock) -> None:
+    fn = FaultScript([http_error(429, openai_429()), OK])  # no header: backoff of 5 s
+    out = run(fn, route=A, policy=policy(), deadline=2.0)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert clock.sleeps == []
+    assert len(fn.calls) == 1
+    assert out.retry_at == clock.now() + timedelta(seconds=5)
+
+
+def test_a_deadline_already_passed_makes_no_attempt(run: Runner, clock: FakeClock) -> None:
+    fn = FaultScript([OK])
+    out = run(fn, route=A, policy=policy(), deadline=-5.0)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert fn.calls == [] and clock.sleeps == []
+
+
+def test_period_quota_is_surfaced_under_the_rate_limit_scope(run: Runner) -> None:
+    msg = "Rate limit reached on requests per day (RPD): Limit 200, Used 200."
+    other = Route(provider="anthropic", model="claude")
+    fn = FaultScript({"a": [http_error(429, openai_429(msg))], "claude": [OK]})
+    out = run(fn, route=A, fallbacks=[other], policy=policy(trigger_scope="rate-limit"))
+    assert out.status is Status.WAITING_FOR_RESET
+    assert fn.models == ["a"]
+
+
+def test_retry_at_is_never_earlier_than_the_server_asked(run: Runner, clock: FakeClock) -> None:
+    fn = FaultScript([http_error(429, openai_429(), {"retry-after": "99999"})])
+    out = run(fn, route=A, policy=policy())
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.retry_at is not None
+    assert out.retry_at >= clock.now() + timedelta(seconds=99999)
+
+
+def test_degraded_reason_names_what_happened(run: Runner) -> None:
+    fn = FaultScript({"a": [http_error(500, {"error": {"message": "boom"}})], "b": [OK]})
+    out = run(fn, route=A, fallbacks=[B], policy=policy(attempts_per_route=1))
+    assert out.status is Status.DEGRADED
+    assert out.reason == "Primary model a failed with a server error — completed with b"

@@ -67,6 +67,16 @@ TRIGGER_SCOPES: dict[str, frozenset[Kind]] = {
 
 Skips = tuple[tuple[Route, str], ...]
 
+# How the outcome of a degraded call names what happened to the primary.
+_LIMITED_AS: dict[Kind | None, str] = {
+    Kind.TEMPORARY: "was rate-limited",
+    Kind.OVERLOAD: "was overloaded",
+    Kind.PERIOD_QUOTA: "ran out of its period quota",
+    Kind.SPEND: "hit a spend limit",
+    Kind.SERVER_ERROR: "failed with a server error",
+    Kind.NETWORK: "was unreachable",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Proceed:
@@ -130,6 +140,7 @@ class LoopState:
     waits: int = 0
     previous_wait: float | None = None
     limited_route: Route | None = None
+    limited_kind: Kind | None = None
     spent_providers: set[str] = field(default_factory=set)
 
     @property
@@ -160,6 +171,13 @@ def decide(
     """
     route = state.route
     if signal is None:
+        deadline = state.budget.deadline
+        if deadline is not None and now >= deadline:
+            return Stop(
+                Status.WAITING_FOR_CAPACITY,
+                f"the deadline passed before an attempt on {route.scope} could start",
+                retry_in=0.0,
+            )
         if state.budget.can_attempt():
             return Proceed(route)
         return Stop(
@@ -172,14 +190,15 @@ def decide(
         if state.index == 0:
             return Stop(Status.COMPLETED, f"completed on {route.scope}")
         limited = state.limited_route or state.chain[0]
+        what = _LIMITED_AS.get(state.limited_kind, "was refused")
         return Stop(
             Status.DEGRADED,
-            f"Primary model {limited.model} was rate-limited — completed with {route.model}",
+            f"Primary model {limited.model} {what} — completed with {route.model}",
         )
 
     if kind in (Kind.PERIOD_QUOTA, Kind.SPEND):
         exclude = {route.provider, *state.spent_providers}
-        if state.budget.can_attempt():
+        if policy.trigger_scope != "rate-limit" and state.budget.can_attempt():
             found = _next_route(state, policy, exclude_providers=exclude)
             if isinstance(found, FallBack):
                 return _fit_fallback(state, policy, now, found, signal)
@@ -211,58 +230,95 @@ def decide(
 
 def _wait_same_route(
     state: LoopState, signal: LimitSignal, policy: Policy, now: float
-) -> Decision:
+) -> Wait | Stop:
     minimum = signal.retry_after if signal.retry_after else None
-    time_left = state.budget.time_left(now)
+    return _wait_before(state, signal, policy, now, state.route, minimum)
+
+
+def _fit_fallback(
+    state: LoopState, policy: Policy, now: float, found: FallBack, signal: LimitSignal
+) -> FallBack | Stop:
+    # A server's minimum belongs to the scope that sent it: between routes, the backoff.
+    step = _wait_before(state, signal, policy, now, found.route, None)
+    if isinstance(step, Stop):
+        return Stop(
+            step.status,
+            step.reason,
+            retry_at=step.retry_at,
+            retry_in=step.retry_in,
+            skipped=found.skipped,
+        )
+    reason = f"{signal.kind.value} on {state.route.scope}; falling back to {found.route.scope}"
+    return FallBack(found.route, step.seconds, reason, found.index, found.skipped)
+
+
+def _wait_before(
+    state: LoopState,
+    signal: LimitSignal,
+    policy: Policy,
+    now: float,
+    route: Route,
+    minimum: float | None,
+) -> Wait | Stop:
+    """The wait before the next attempt on ``route``, or why there is none."""
     plan = plan_wait(
         state.backoff,
         state.waits + 1,
         server_minimum=minimum,
         pause_limit=policy.pause_limit_secs,
-        time_left=time_left,
+        time_left=state.budget.time_left(now),
         previous=state.previous_wait,
     )
-    what = signal.kind.value
     if plan.fits:
         source = f"server asked for {minimum:g}s" if minimum else "backoff"
-        return Wait(plan.seconds, f"{what} on {state.route.scope}; {source}", state.route)
+        return Wait(plan.seconds, f"{signal.kind.value} on {state.route.scope}; {source}", route)
     if minimum is not None:
         return Stop(
             Status.WAITING_FOR_CAPACITY,
             plan.reason or f"the server's wait of {minimum:g}s does not fit",
-            retry_in=minimum,
+            retry_at=_later(signal.reset_at, state.wall(now) + timedelta(seconds=minimum)),
         )
-    return _shortened_or_spent(state, signal, time_left, state.route)
-
-
-def _fit_fallback(
-    state: LoopState, policy: Policy, now: float, found: FallBack, signal: LimitSignal
-) -> Decision:
-    time_left = state.budget.time_left(now)
-    plan = plan_wait(
-        state.backoff,
-        state.waits + 1,
-        server_minimum=None,
-        pause_limit=policy.pause_limit_secs,
-        time_left=time_left,
-        previous=state.previous_wait,
-    )
-    reason = f"{signal.kind.value} on {state.route.scope}; falling back to {found.route.scope}"
-    if plan.fits:
-        return FallBack(found.route, plan.seconds, reason, found.index, found.skipped)
-    shortened = _shortened_or_spent(state, signal, time_left, found.route)
-    if isinstance(shortened, Wait):
-        return FallBack(found.route, shortened.seconds, reason, found.index, found.skipped)
-    return Stop(shortened.status, shortened.reason, skipped=found.skipped)
+    return _shortened_or_spent(state, signal, now, plan.seconds, route)
 
 
 def _shortened_or_spent(
-    state: LoopState, signal: LimitSignal, time_left: float | None, route: Route
+    state: LoopState, signal: LimitSignal, now: float, planned: float, route: Route
 ) -> Wait | Stop:
-    """Our own backoff does not fit: shorten it to what is left, or stop."""
-    if time_left is not None and time_left > 0:
-        return Wait(time_left, f"backoff shortened to the {time_left:g}s left", route)
+    """Our own backoff wait does not fit.
+
+    Past the caller's deadline the wait is not taken: the call stops
+    ``waiting_for_capacity`` with the time it would have retried at.  Within
+    the deadline, what binds is one of our own budgets (``max_wait_secs``,
+    the recovery budget): the backoff is only our guess, so it is shortened
+    to the time left, and with none left the retries are exhausted.
+    """
+    budget = state.budget
+    if budget.deadline is not None and now + planned > budget.deadline:
+        budget_left = _own_budget_left(budget, now)
+        if budget_left is None or budget_left >= budget.deadline - now:
+            return Stop(
+                Status.WAITING_FOR_CAPACITY,
+                f"a wait of {planned:g}s on {route.scope} would end after the deadline",
+                retry_at=state.wall(now + planned),
+            )
+    left = _own_budget_left(budget, now)
+    if left is not None and left > 0:
+        return Wait(left, f"backoff shortened to the {left:g}s left in the budget", route)
     return _exhausted(state, signal, "the time budget is spent")
+
+
+def _own_budget_left(budget: CallBudget, now: float) -> float | None:
+    """Seconds left in the loop's own time budgets (not the caller's deadline)."""
+    bounds: list[float] = []
+    if budget.first_refusal_at is not None:
+        bounds.append(budget.recovery_budget_secs - (now - budget.first_refusal_at))
+    if budget.max_wait_secs is not None:
+        bounds.append(budget.max_wait_secs - (now - budget.started_at))
+    return min(bounds) if bounds else None
+
+
+def _later(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None or a < b else a
 
 
 def _next_route(
@@ -307,11 +363,13 @@ def _stop_for(
         retry_at = signal.reset_at
         if retry_at is None and signal.retry_after is not None:
             retry_at = state.wall(now) + timedelta(seconds=signal.retry_after)
+        estimate = ""
         if retry_at is None:
             retry_at = _next_utc_midnight(state.wall(now))
+            estimate = " (an estimate: the provider gave no reset time)"
         return Stop(
             Status.WAITING_FOR_RESET,
-            f"period quota exhausted on {scope}; resets at {retry_at.isoformat()}",
+            f"period quota exhausted on {scope}; resets at {retry_at.isoformat()}{estimate}",
             retry_at=retry_at,
             skipped=skipped,
         )

@@ -428,6 +428,7 @@ class _BaseRateLoop:
                 state.spent_providers.add(route.provider)
             if state.limited_route is None:
                 state.limited_route = route
+                state.limited_kind = signal.kind
             if decision.wait > 0:
                 yield wait_for(decision.wait, DecisionKind.WAIT, route, decision.reason)
             state.waits += 1

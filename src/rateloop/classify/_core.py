@@ -25,9 +25,9 @@ from rateloop._clock import system_clock
 from rateloop.classify import anthropic, bedrock, google, openai, others
 from rateloop.classify._detect import detect
 from rateloop.classify._evidence import BodyLike, Evidence, Finding, HeadersLike, gather
-from rateloop.classify._http import body_reset, exhausted, observe, retry_after
+from rateloop.classify._http import body_reset, exhausted, observe, retry_after_raw
 from rateloop.classify._rules import by_status
-from rateloop.signal import Kind, LimitSignal, Observed
+from rateloop.signal import MAX_WAIT_SECONDS, Kind, LimitSignal, Observed
 
 __all__ = ["classify", "resolve_now", "signal_from"]
 
@@ -127,9 +127,12 @@ def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> L
     wait = finding.retry_after
     dimension = finding.dimension
     if kind not in (Kind.OK, Kind.NETWORK):
-        header_wait, header_name = retry_after(ev.headers, ev.now)
+        header_wait, header_name, header_raw = retry_after_raw(ev.headers, ev.now)
         if header_wait is not None and (wait is None or header_wait > wait):
             wait = header_wait
+        if header_raw is not None and header_raw > MAX_WAIT_SECONDS and reset_at is None:
+            # The wait is clamped to a day; the reset time keeps what the server asked.
+            reset_at = _add(ev.now, header_raw)
         if matched is None:
             matched = header_name or (str(ev.status) if ev.status is not None else None)
         if wait is None or reset_at is None:

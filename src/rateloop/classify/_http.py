@@ -36,6 +36,7 @@ __all__ = [
     "exhausted",
     "observe",
     "retry_after",
+    "retry_after_raw",
 ]
 
 #: JSON body fields searched (at any depth) for a wait or reset time, and
@@ -55,24 +56,39 @@ RESET_FIELDS: dict[str, bool] = {
 
 def retry_after(headers: Mapping[str, str], now: datetime) -> tuple[float | None, str | None]:
     """The server's minimum wait from the headers, and the header it came from."""
+    wait, source, _ = retry_after_raw(headers, now)
+    return wait, source
+
+
+def retry_after_raw(
+    headers: Mapping[str, str], now: datetime
+) -> tuple[float | None, str | None, float | None]:
+    """Like :func:`retry_after`, plus the unclamped number of seconds the server sent.
+
+    The wait is clamped to [0, 86400]; the raw value lets the caller keep a
+    reset time beyond the clamp, so a far "Retry-After" is never shortened.
+    """
     best: float | None = None
     source: str | None = None
+    raw: float | None = None
     for name, millis in (("retry-after-ms", True), ("x-ms-retry-after-ms", True)):
         number = parse_number(headers.get(name, ""))
         if number is not None:
-            wait = clamp_wait(number / 1000.0 if millis else number)
+            seconds = number / 1000.0 if millis else number
+            wait = clamp_wait(seconds)
             if wait is not None and (best is None or wait > best):
-                best, source = wait, name
+                best, source, raw = wait, name, seconds
     value = headers.get("retry-after")
     if value is not None:
         number = parse_number(value)
         if number is not None:
-            wait = clamp_wait(number)
+            wait, seconds = clamp_wait(number), number
         else:
             wait, _ = reset_value(value, now)
+            seconds = wait
         if wait is not None and (best is None or wait > best):
-            best, source = wait, "retry-after"
-    return best, source
+            best, source, raw = wait, "retry-after", seconds
+    return best, source, raw
 
 
 # --- observed limits -------------------------------------------------------
