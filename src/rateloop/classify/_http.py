@@ -81,8 +81,9 @@ def retry_after_raw(
     value = headers.get("retry-after")
     if value is not None:
         number = parse_number(value)
+        seconds: float | None = number
         if number is not None:
-            wait, seconds = clamp_wait(number), number
+            wait = clamp_wait(number)
         else:
             wait, _ = reset_value(value, now)
             seconds = wait
