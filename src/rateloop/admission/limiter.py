@@ -287,9 +287,10 @@ class Limiter:
 
     # -- flows: the algorithm, written once ----------------------------------------------
 
-    def _admit_flow(
+    def _admit_op(
         self, route: Route, cost: Cost, priority: str | Priority
-    ) -> _Flow[Reservation | Denied]:
+    ) -> tuple[_Plan, Priority, AdmitOp] | Denied:
+        """First half of an admission: the operation to run, or a denial needing none."""
         prio = _PRIORITIES.get(priority) or Priority.parse(priority)
         plan = self._plan(route, cost, prio)
         if plan.never is not None:  # no state can change this: no round trip
@@ -302,19 +303,26 @@ class Limiter:
                 lease_id=f"{self._lease_prefix}{next(self._lease_counter)}",
                 aimd=self.aimd,
             )
-        result, ran, local = yield _Do(op)
+        return plan, prio, op
+
+    def _admit_outcome(
+        self, route: Route, cost: Cost, prepared: tuple[_Plan, Priority, AdmitOp], done: _Done
+    ) -> Reservation | Denied:
+        """Second half: interpret the backend's answer."""
+        plan, prio, _ = prepared
+        result, ran, local = done
         assert isinstance(result, AdmitResult) and isinstance(ran, AdmitOp)
         if result.granted:
             return Reservation(
-                limiter=self,
-                route=route,
-                cost=cost,
-                priority=prio,
-                checks=ran.checks,
-                lease_id=ran.lease_id,
-                lease_scope=plan.lease_scope,
-                granted_at=result.now,
-                local=local,
+                self,
+                route,
+                cost,
+                prio,
+                ran.checks,
+                ran.lease_id,
+                plan.lease_scope,
+                result.now,
+                local,
             )
         if result.never_fits:  # the local share can be smaller than a cost
             check = next(
@@ -322,6 +330,15 @@ class Limiter:
             )
             return self._never_fits(check)
         return self._denied(result)
+
+    def _admit_flow(
+        self, route: Route, cost: Cost, priority: str | Priority
+    ) -> _Flow[Reservation | Denied]:
+        prepared = self._admit_op(route, cost, priority)
+        if isinstance(prepared, Denied):
+            return prepared
+        done = yield _Do(prepared[2])
+        return self._admit_outcome(route, cost, prepared, done)
 
     def _never_fits(self, check: Check) -> Denied:
         return Denied(
@@ -434,8 +451,8 @@ class Limiter:
                 self._local = MemoryBackend(self._clock)
             return self._local
 
-    def _prefer_local(self, step: _Do) -> bool:
-        if step.local:
+    def _prefer_local(self, local: bool) -> bool:
+        if local:
             return True
         return self._local_until > -math.inf and self._clock.monotonic() < self._local_until
 
@@ -444,23 +461,23 @@ class Limiter:
             raise exc
         self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
 
-    def _execute(self, step: _Do) -> _Done:
-        if not self._prefer_local(step):
+    def _execute(self, op: object, local: bool = False) -> _Done:
+        if not self._prefer_local(local):
             try:
-                return self._backend.execute(step.op), step.op, False
+                return self._backend.execute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
-        op = _scaled_op(step.op, self._local_share)
-        return self._local_backend().execute(op), op, True
+        scaled = _scaled_op(op, self._local_share)
+        return self._local_backend().execute(scaled), scaled, True
 
-    async def _aexecute(self, step: _Do) -> _Done:
-        if not self._prefer_local(step):
+    async def _aexecute(self, op: object, local: bool = False) -> _Done:
+        if not self._prefer_local(local):
             try:
-                return await self._backend.aexecute(step.op), step.op, False
+                return await self._backend.aexecute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
-        op = _scaled_op(step.op, self._local_share)
-        return await self._local_backend().aexecute(op), op, True
+        scaled = _scaled_op(op, self._local_share)
+        return await self._local_backend().aexecute(scaled), scaled, True
 
     def _drive(self, flow: _Flow[T]) -> T:
         try:
@@ -470,7 +487,7 @@ class Limiter:
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(self._execute(step))
+                    step = flow.send(self._execute(step.op, step.local))
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -482,7 +499,7 @@ class Limiter:
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(await self._aexecute(step))
+                    step = flow.send(await self._aexecute(step.op, step.local))
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -502,13 +519,24 @@ class Limiter:
     def try_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
-        """Reserve now or say why not and for how long; one backend round trip."""
-        return self._drive(self._admit_flow(route, cost, priority))
+        """Reserve now or say why not and for how long; one backend round trip.
+
+        This is ``_admit_flow`` run by hand: the same two halves around one
+        step, without a generator, because it is the hottest path.
+        """
+        prepared = self._admit_op(route, cost, priority)
+        if isinstance(prepared, Denied):
+            return prepared
+        return self._admit_outcome(route, cost, prepared, self._execute(prepared[2]))
 
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
-        return await self._adrive(self._admit_flow(route, cost, priority))
+        prepared = self._admit_op(route, cost, priority)
+        if isinstance(prepared, Denied):
+            return prepared
+        done = await self._aexecute(prepared[2])
+        return self._admit_outcome(route, cost, prepared, done)
 
     def reserve(
         self,

@@ -145,10 +145,13 @@ class MemoryBackend:
                 bucket = state.buckets.get(check.dimension)
                 if bucket is None:
                     bucket = state.buckets[check.dimension] = Bucket()
-                rate = self._rate(check, state, now, op.aimd)
+                rate = check.rate
+                if check.scaled and state.factor < 1.0:
+                    rate *= state.factor_at(now, op.aimd)
                 level = drained(bucket.level, bucket.ts, now, rate)
                 w = bucket_wait(level, check.amount, check.allowed, rate)
-                w = max(w, bucket.blocked_until - now)
+                if bucket.blocked_until > now:
+                    w = max(w, bucket.blocked_until - now)
                 staged.append((check, state, bucket, level, 0))
             elif kind is _DAY:
                 day = state.days.get(check.dimension)
@@ -191,7 +194,7 @@ class MemoryBackend:
             else:
                 slot.count = value
                 slot.index = index
-        return AdmitResult(granted=True, now=now)
+        return AdmitResult(True, now)
 
     def _settle(self, op: SettleOp, now: float) -> float:
         for adj in op.adjustments:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from rateloop.admission.gcra import AIMD, DAY
 from rateloop.admission.spec import LimitSpec
@@ -181,9 +182,12 @@ class AdmitOp:
     aimd: AIMD
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitResult:
-    """What the backend decided.  ``now`` is the backend's time of the decision."""
+class AdmitResult(NamedTuple):
+    """What the backend decided.  ``now`` is the backend's time of the decision.
+
+    A NamedTuple rather than a frozen dataclass: one is built per admission and
+    a tuple is four times cheaper to build; it is just as immutable.
+    """
 
     granted: bool
     now: float

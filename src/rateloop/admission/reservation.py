@@ -125,17 +125,17 @@ class Reservation:
 
     def __init__(
         self,
-        *,
         limiter: Limiter,
         route: Route,
         cost: Cost,
         priority: Priority,
         checks: tuple[Check, ...],
         lease_id: str | None,
-        lease_scope: str | None = None,
+        lease_scope: str | None,
         granted_at: float,
-        local: bool = False,
+        local: bool,
     ) -> None:
+        """Built by the :class:`Limiter` once per admission (positional: it is hot)."""
         self._limiter = limiter
         self.route = route
         self.cost = cost
@@ -143,8 +143,6 @@ class Reservation:
         self.checks = checks
         self.granted_at = granted_at
         self.local = local
-        if lease_scope is None:
-            lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
         self.lease_scope = lease_scope
         self.lease_id = lease_id if lease_scope is not None else None
         self.settled_at: float | None = None
