@@ -81,14 +81,12 @@ def retry_after_raw(
     value = headers.get("retry-after")
     if value is not None:
         number = parse_number(value)
-        seconds: float | None = number
         if number is not None:
             wait = clamp_wait(number)
         else:
             wait, _ = reset_value(value, now)
-            seconds = wait
         if wait is not None and (best is None or wait > best):
-            best, source, raw = wait, "retry-after", seconds
+            best, source, raw = wait, "retry-after", number if number is not None else wait
     return best, source, raw
 
 
