@@ -141,3 +141,33 @@ def test_sdk_retries_taken_reads_raw_responses_and_errors() -> None:
 
     assert sdk_retries_taken(Raw()) == 4
     assert sdk_retries_taken(object()) == 0
+
+
+def test_sdk_retries_inside_a_successful_attempt_are_counted() -> None:
+    script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
+    with Provider(script) as provider:
+        client = openai_client(api_key="sk-test", base_url=provider.url, max_retries=1)
+        out = RateLoop(Policy(), clock=FakeClock()).call(ask(client), route=ROUTE)
+        assert out.status is Status.COMPLETED
+        assert (out.attempts.loop, out.attempts.sdk) == (1, 1)
+        assert out.attempts.provider_requests == len(provider.retry_counts) == 2
+
+
+def test_async_client_requests_are_counted_too() -> None:
+    import asyncio
+
+    from rateloop.integrations.sdk import async_openai_client
+    from rateloop.loop import AsyncRateLoop
+
+    script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
+    with Provider(script) as provider:
+        client = async_openai_client(api_key="sk-test", base_url=provider.url, max_retries=1)
+
+        async def fn(route: Route) -> Any:
+            return await client.chat.completions.create(
+                model=route.model, messages=[{"role": "user", "content": "hi"}]
+            )
+
+        out = asyncio.run(AsyncRateLoop(Policy(), clock=FakeClock()).call(fn, route=ROUTE))
+        assert out.status is Status.COMPLETED
+        assert out.attempts.provider_requests == len(provider.retry_counts) == 2

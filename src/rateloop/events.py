@@ -97,8 +97,10 @@ class CapacityEvent:
     def __post_init__(self) -> None:
         object.__setattr__(self, "provider_code", _safe_token(self.provider_code))
         object.__setattr__(self, "request_id", _safe_token(self.request_id))
-        if self.reason is not None:
-            object.__setattr__(self, "reason", redact(self.reason))
+        for name in ("reason", "task_id", "run_id", "operation"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, redact(value))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: datetimes in ISO 8601, unset fields omitted."""

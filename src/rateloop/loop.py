@@ -27,6 +27,7 @@ from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
 from rateloop.errors import RateLimitExhausted
 from rateloop.events import CapacityEvent, DecisionKind, EventSink
 from rateloop.fallback import build_chain
+from rateloop.integrations.sdk import counting_requests, sdk_retries_taken
 from rateloop.outcome import AttemptLedger, Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
@@ -79,11 +80,13 @@ class _Check:
 @dataclass(frozen=True, slots=True)
 class _Returned:
     value: Any
+    requests: int = 0  # requests counted by helper-built SDK clients during the attempt
 
 
 @dataclass(frozen=True, slots=True)
 class _Raised:
     error: BaseException
+    requests: int = 0
 
 
 _Effect = _Admit | _Call | _Sleep | _Limiter | _Check
@@ -452,8 +455,8 @@ def result_error(result: _Returned | _Raised) -> BaseException | None:
 
 def _sdk_retries(result: _Returned | _Raised) -> int:
     """Retries an SDK took inside one of our attempts, when it tells us."""
-    from rateloop.integrations.sdk import sdk_retries_taken
-
+    if result.requests > 0:
+        return result.requests - 1
     target = result.error if isinstance(result, _Raised) else result.value
     return sdk_retries_taken(target)
 
@@ -588,10 +591,11 @@ class RateLoop(_BaseRateLoop):
         outcome_check: Callable[[Route], Any] | None,
     ) -> Any:
         if isinstance(effect, _Call):
-            try:
-                value = fn(effect.route, **kwargs)
-            except Exception as exc:
-                return _Raised(exc)
+            with counting_requests() as sent:
+                try:
+                    value = fn(effect.route, **kwargs)
+                except Exception as exc:
+                    return _Raised(exc, sent[0])
             if inspect.isawaitable(value):
                 close = getattr(value, "close", None)
                 if close is not None:
@@ -599,7 +603,7 @@ class RateLoop(_BaseRateLoop):
                 raise TypeError(
                     "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
                 )
-            return _Returned(value)
+            return _Returned(value, sent[0])
         if isinstance(effect, _Sleep):
             self.clock.sleep(effect.seconds)
             return None
@@ -686,13 +690,14 @@ class AsyncRateLoop(_BaseRateLoop):
         outcome_check: Callable[[Route], Any] | None,
     ) -> Any:
         if isinstance(effect, _Call):
-            try:
-                value = fn(effect.route, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-            except Exception as exc:
-                return _Raised(exc)
-            return _Returned(value)
+            with counting_requests() as sent:
+                try:
+                    value = fn(effect.route, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                except Exception as exc:
+                    return _Raised(exc, sent[0])
+            return _Returned(value, sent[0])
         if isinstance(effect, _Sleep):
             await self.clock.asleep(effect.seconds)
             return None
