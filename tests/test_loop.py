@@ -604,3 +604,15 @@ def test_degraded_reason_names_what_happened(run: Runner) -> None:
     out = run(fn, route=A, fallbacks=[B], policy=policy(attempts_per_route=1))
     assert out.status is Status.DEGRADED
     assert out.reason == "Primary model a failed with a server error — completed with b"
+
+
+def test_an_unknown_call_option_is_named(clock: FakeClock) -> None:
+    with pytest.raises(TypeError, match=r"unknown call option\(s\) retries; allowed: cost"):
+        RateLoop(policy(), clock=clock).call(lambda r: "x", route=A, retries=3)  # type: ignore[call-arg]
+
+
+def test_a_naive_deadline_is_refused(clock: FakeClock) -> None:
+    from datetime import datetime
+
+    with pytest.raises(ValueError, match="aware datetime"):
+        RateLoop(policy(), clock=clock).call(lambda r: "x", route=A, deadline=datetime(2030, 1, 1))

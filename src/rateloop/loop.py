@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, ParamSpec, TypeVar, cast
+from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.reservation import Denied
@@ -34,7 +34,7 @@ from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
 from rateloop.writes import WriteOutcome, is_ambiguous_failure, normalize_write_outcome
 
-__all__ = ["AsyncRateLoop", "RateLoop"]
+__all__ = ["AsyncRateLoop", "CallOptions", "RateLoop"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -93,16 +93,35 @@ _Effect = _Admit | _Call | _Sleep | _Limiter | _Check
 _Flow = Generator[_Effect, Any, Outcome]
 
 
+class CallOptions(TypedDict, total=False):
+    """The keyword options of :meth:`RateLoop.call` (all optional)."""
+
+    cost: Cost | None
+    operation: str
+    idempotent: bool
+    idempotency_key: str | None
+    outcome_check: Callable[[Route], Any] | None
+    deadline: datetime | float | None
+    fallbacks: Sequence[Route] | None
+    priority: Priority
+    data_class: str | None
+    task_id: str | None
+
+
+_OPTION_NAMES = frozenset(CallOptions.__annotations__)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _CallSpec:
-    """One call's arguments, as the generator sees them."""
+    """One call's arguments, checked, as the generator and the drivers see them."""
 
     route: Route
     fallbacks: tuple[Route, ...]
     cost: Cost
     operation: str
     idempotent: bool
-    has_check: bool
+    fn_kwargs: dict[str, Any]
+    outcome_check: Callable[[Route], Any] | None
     deadline: datetime | None
     priority: str
     data_class: str | None
@@ -140,28 +159,24 @@ class _BaseRateLoop:
         limiter = type(self.limiter).__name__ if self.limiter is not None else None
         return f"{type(self).__name__}(policy=..., limiter={limiter}, clock={self.clock!r})"
 
-    def _spec(
-        self,
-        *,
-        route: Route,
-        cost: Cost | None,
-        operation: str,
-        idempotent: bool,
-        outcome_check: object,
-        deadline: datetime | float | None,
-        fallbacks: Sequence[Route] | None,
-        priority: str,
-        data_class: str | None,
-        task_id: str | None,
-    ) -> _CallSpec:
+    def _spec(self, route: Route, options: CallOptions) -> _CallSpec:
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise TypeError(
+                f"unknown call option(s) {', '.join(sorted(unknown))}; "
+                f"allowed: {', '.join(sorted(_OPTION_NAMES))}"
+            )
         if not isinstance(route, Route):
             raise TypeError(f"route must be a rateloop.Route, got {route!r}")
+        priority = options.get("priority", "interactive")
         if priority not in ("interactive", "scheduled", "background"):
             raise ValueError(
                 f"priority must be 'interactive', 'scheduled' or 'background', got {priority!r}"
             )
+        fallbacks = options.get("fallbacks")
         if fallbacks is None:
             fallbacks = self.policy.fallback.routes
+        deadline = options.get("deadline")
         if isinstance(deadline, int | float) and not isinstance(deadline, bool):
             deadline = self.clock.now() + timedelta(seconds=float(deadline))
         elif deadline is not None and (
@@ -170,17 +185,20 @@ class _BaseRateLoop:
             raise ValueError(
                 f"deadline must be an aware datetime or seconds from now, got {deadline!r}"
             )
+        key = options.get("idempotency_key")
+        cost = options.get("cost")
         return _CallSpec(
             route=route,
             fallbacks=tuple(fallbacks),
             cost=cost if cost is not None else Cost(),
-            operation=operation,
-            idempotent=idempotent,
-            has_check=outcome_check is not None,
+            operation=options.get("operation", "model.generate"),
+            idempotent=options.get("idempotent", True),
+            fn_kwargs={"idempotency_key": key} if key is not None else {},
+            outcome_check=options.get("outcome_check"),
             deadline=deadline,
             priority=priority,
-            data_class=data_class,
-            task_id=task_id,
+            data_class=options.get("data_class"),
+            task_id=options.get("task_id"),
         )
 
     def _emit(self, event: CapacityEvent) -> None:
@@ -390,7 +408,7 @@ class _BaseRateLoop:
 
             # Writes: never retry blindly when the effect is unknown.
             if not spec.idempotent and is_ambiguous_failure(signal, result_error(result)):
-                if not spec.has_check:
+                if spec.outcome_check is None:
                     return finish(
                         Status.NEEDS_OPERATOR,
                         "unknown_outcome: the write may have taken effect and there is no "
@@ -494,10 +512,6 @@ def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
     return (inp or 0, out or 0)
 
 
-def _call_kwargs(idempotency_key: str | None) -> dict[str, Any]:
-    return {"idempotency_key": idempotency_key} if idempotency_key is not None else {}
-
-
 # --- the sync driver ---------------------------------------------------------------
 
 
@@ -512,40 +526,18 @@ class RateLoop(_BaseRateLoop):
     """
 
     def call(
-        self,
-        fn: Callable[..., Any],
-        *,
-        route: Route,
-        cost: Cost | None = None,
-        operation: str = "model.generate",
-        idempotent: bool = True,
-        idempotency_key: str | None = None,
-        outcome_check: Callable[[Route], Any] | None = None,
-        deadline: datetime | float | None = None,
-        fallbacks: Sequence[Route] | None = None,
-        priority: Priority = "interactive",
-        data_class: str | None = None,
-        task_id: str | None = None,
+        self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
     ) -> Outcome:
         """Run ``fn(route)`` through the RATE loop and return its :class:`Outcome`.
 
         ``fn`` receives the route of the current attempt (a fallback changes the
         model) and, when ``idempotency_key`` is given, ``idempotency_key=`` too.
-        ``deadline`` is an aware datetime or seconds from now.
+        Options: ``cost``, ``operation="model.generate"``, ``idempotent=True``,
+        ``idempotency_key``, ``outcome_check``, ``deadline`` (an aware datetime or
+        seconds from now), ``fallbacks``, ``priority="interactive"``,
+        ``data_class``, ``task_id``.
         """
-        spec = self._spec(
-            route=route,
-            cost=cost,
-            operation=operation,
-            idempotent=idempotent,
-            outcome_check=outcome_check,
-            deadline=deadline,
-            fallbacks=fallbacks,
-            priority=priority,
-            data_class=data_class,
-            task_id=task_id,
-        )
-        kwargs = _call_kwargs(idempotency_key)
+        spec = self._spec(route, options)
         flow = self._drive(spec)
         result: Any = None
         while True:
@@ -553,17 +545,21 @@ class RateLoop(_BaseRateLoop):
                 effect = flow.send(result)
             except StopIteration as stop:
                 return cast(Outcome, stop.value)
-            result = self._perform(effect, fn, kwargs, outcome_check)
+            result = self._perform(effect, fn, spec)
 
-    def call_or_raise(self, fn: Callable[..., Any], **kwargs: Any) -> Outcome:
+    def call_or_raise(
+        self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
+    ) -> Outcome:
         """Like :meth:`call`, but raise :class:`RateLimitExhausted` unless the work was done.
 
         With ``on_exhausted = "soft"`` a ``failed_retry_exhausted`` outcome is
         returned instead of raised.
         """
-        return self._raise_unless_ok(self.call(fn, **kwargs), self.policy)
+        return self._raise_unless_ok(self.call(fn, route=route, **options), self.policy)
 
-    def wrap(self, *, route: Route, **options: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    def wrap(
+        self, *, route: Route, **options: Unpack[CallOptions]
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
         """Decorator form: ``fn(route, *args, **kwargs)`` runs through the loop.
 
         The decorated function returns ``fn``'s value, or raises
@@ -583,17 +579,11 @@ class RateLoop(_BaseRateLoop):
 
         return decorate
 
-    def _perform(
-        self,
-        effect: _Effect,
-        fn: Callable[..., Any],
-        kwargs: dict[str, Any],
-        outcome_check: Callable[[Route], Any] | None,
-    ) -> Any:
+    def _perform(self, effect: _Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
         if isinstance(effect, _Call):
             with counting_requests() as sent:
                 try:
-                    value = fn(effect.route, **kwargs)
+                    value = fn(effect.route, **spec.fn_kwargs)
                 except Exception as exc:
                     return _Raised(exc, sent[0])
             if inspect.isawaitable(value):
@@ -611,8 +601,8 @@ class RateLoop(_BaseRateLoop):
             return self.limiter.try_reserve(effect.route, effect.cost, priority=effect.priority)
         if isinstance(effect, _Limiter):
             return getattr(effect.target, effect.method)(*effect.args)
-        assert outcome_check is not None
-        return outcome_check(effect.route)
+        assert spec.outcome_check is not None
+        return spec.outcome_check(effect.route)
 
 
 # --- the async driver --------------------------------------------------------------
@@ -622,35 +612,10 @@ class AsyncRateLoop(_BaseRateLoop):
     """The asyncio RATE loop; ``fn`` may be a coroutine function or a plain one."""
 
     async def call(
-        self,
-        fn: Callable[..., Any],
-        *,
-        route: Route,
-        cost: Cost | None = None,
-        operation: str = "model.generate",
-        idempotent: bool = True,
-        idempotency_key: str | None = None,
-        outcome_check: Callable[[Route], Any] | None = None,
-        deadline: datetime | float | None = None,
-        fallbacks: Sequence[Route] | None = None,
-        priority: Priority = "interactive",
-        data_class: str | None = None,
-        task_id: str | None = None,
+        self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
     ) -> Outcome:
         """Await ``fn(route)`` through the RATE loop; see :meth:`RateLoop.call`."""
-        spec = self._spec(
-            route=route,
-            cost=cost,
-            operation=operation,
-            idempotent=idempotent,
-            outcome_check=outcome_check,
-            deadline=deadline,
-            fallbacks=fallbacks,
-            priority=priority,
-            data_class=data_class,
-            task_id=task_id,
-        )
-        kwargs = _call_kwargs(idempotency_key)
+        spec = self._spec(route, options)
         flow = self._drive(spec)
         result: Any = None
         while True:
@@ -658,14 +623,16 @@ class AsyncRateLoop(_BaseRateLoop):
                 effect = flow.send(result)
             except StopIteration as stop:
                 return cast(Outcome, stop.value)
-            result = await self._perform(effect, fn, kwargs, outcome_check)
+            result = await self._perform(effect, fn, spec)
 
-    async def call_or_raise(self, fn: Callable[..., Any], **kwargs: Any) -> Outcome:
+    async def call_or_raise(
+        self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
+    ) -> Outcome:
         """Like :meth:`call`, but raise :class:`RateLimitExhausted` unless the work was done."""
-        return self._raise_unless_ok(await self.call(fn, **kwargs), self.policy)
+        return self._raise_unless_ok(await self.call(fn, route=route, **options), self.policy)
 
     def wrap(
-        self, *, route: Route, **options: Any
+        self, *, route: Route, **options: Unpack[CallOptions]
     ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
         """Decorator form for coroutine functions; see :meth:`RateLoop.wrap`."""
 
@@ -682,17 +649,11 @@ class AsyncRateLoop(_BaseRateLoop):
 
         return decorate
 
-    async def _perform(
-        self,
-        effect: _Effect,
-        fn: Callable[..., Any],
-        kwargs: dict[str, Any],
-        outcome_check: Callable[[Route], Any] | None,
-    ) -> Any:
+    async def _perform(self, effect: _Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
         if isinstance(effect, _Call):
             with counting_requests() as sent:
                 try:
-                    value = fn(effect.route, **kwargs)
+                    value = fn(effect.route, **spec.fn_kwargs)
                     if inspect.isawaitable(value):
                         value = await value
                 except Exception as exc:
@@ -707,8 +668,8 @@ class AsyncRateLoop(_BaseRateLoop):
             )
         if isinstance(effect, _Limiter):
             return await getattr(effect.target, "a" + effect.method)(*effect.args)
-        assert outcome_check is not None
-        verdict = outcome_check(effect.route)
+        assert spec.outcome_check is not None
+        verdict = spec.outcome_check(effect.route)
         if inspect.isawaitable(verdict):
             verdict = await verdict
         return verdict
