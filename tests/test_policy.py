@@ -413,3 +413,12 @@ def test_docs_and_example_cover_every_key() -> None:
         if table:
             assert f"`[{table}]`" in docs or f"[{table}]" in docs, table
         assert example.provenance[path].endswith("policy.toml"), path
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"max_attempts": 10**400}, {"backoff": {"max_delay_secs": 10**400}}, {"pause_limit_secs": 10**400}],
+)
+def test_a_huge_integer_is_a_config_error_not_an_overflow(data: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="invalid value"):
+        Policy.from_dict(data)

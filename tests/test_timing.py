@@ -281,3 +281,8 @@ def test_plan_never_below_minimum_never_beyond_limits(
         assert plan.reason
         if m:
             assert plan.retry_after == m
+
+
+def test_a_huge_integer_is_a_clear_value_error() -> None:
+    with pytest.raises(ValueError, match="too large"):
+        Backoff(initial=10**400)

@@ -64,7 +64,10 @@ _DECORRELATED_GROWTH = 3.0
 def _number(name: str, value: object, *, minimum: float, allowed: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"Backoff {name} must be a number, got {value!r} (allowed: {allowed})")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"Backoff {name} must be {allowed}, got an integer too large") from None
     if math.isnan(number) or math.isinf(number) or number < minimum:
         raise ValueError(f"Backoff {name} must be {allowed}, got {value!r}")
     return number

@@ -80,9 +80,12 @@ class Leaf:
                 raise Invalid
             if self.kind == "int" and not isinstance(value, int):
                 raise Invalid
-            number = value if self.kind == "int" else float(value)
-            if math.isnan(number) or math.isinf(number):
-                raise Invalid
+            try:
+                number = value if self.kind == "int" else float(value)
+                if math.isnan(number) or math.isinf(number):
+                    raise Invalid
+            except OverflowError:  # an int too large for a float
+                raise Invalid from None
             if self.lo is not None and (number <= self.lo if self.lo_open else number < self.lo):
                 raise Invalid
             if self.hi is not None and number > self.hi:
