@@ -417,7 +417,11 @@ def test_docs_and_example_cover_every_key() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [{"max_attempts": 10**400}, {"backoff": {"max_delay_secs": 10**400}}, {"pause_limit_secs": 10**400}],
+    [
+        {"max_attempts": 10**400},
+        {"backoff": {"max_delay_secs": 10**400}},
+        {"pause_limit_secs": 10**400},
+    ],
 )
 def test_a_huge_integer_is_a_config_error_not_an_overflow(data: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="invalid value"):
