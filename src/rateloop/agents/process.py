@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TextIO
 
+from rateloop._clock import system_clock
+
 __all__ = ["STDERR_TAIL_BYTES", "ProcessResult", "run_attempt"]
 
 #: How much of the end of stderr is kept for classification.
@@ -119,6 +121,24 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     # The group id cannot be reused while any member of the group is alive.
     _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
+    _await_group_gone(proc.pid, limit=2.0)
+
+
+def _await_group_gone(pgid: int, *, limit: float) -> None:
+    """Wait (bounded) until no member of the killed group is left running.
+
+    SIGKILL takes effect asynchronously, so a grandchild may still be on its
+    way out when the child has been reaped; returning only once the group is
+    gone means a timed-out step leaves nothing behind.  A member that stays
+    (a zombie whose reaper is slow) stops the wait after ``limit`` seconds.
+    """
+    end = system_clock.monotonic() + limit
+    while system_clock.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        system_clock.sleep(0.01)
 
 
 def run_attempt(
