@@ -156,3 +156,24 @@ def test_stdin_is_read_once_and_fed_to_every_attempt(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stdout) == (0, "the prompt")
     assert _runs(tmp_path) == 2
+
+
+@pytest.mark.parametrize(
+    ("env_extra", "runs"),
+    [
+        ({"RATELOOP_MAX_RETRIES": "abc"}, 6),  # unparseable: the default 5 retries
+        ({"AMPLIHACK_RATELIMIT_MAX_RETRIES": "2"}, 3),  # amplihack's name is an alias
+        ({"RATELOOP_MAX_RETRIES": "1", "AMPLIHACK_RATELIMIT_MAX_RETRIES": "3"}, 2),  # ours wins
+        ({"RATELOOP_MAX_RETRIES": "-4"}, 1),  # clamped to 0 retries
+    ],
+)
+def test_environment_knobs_end_to_end(
+    tmp_path: Path, env_extra: dict[str, str], runs: int
+) -> None:
+    path, env = _agent(tmp_path, "copilot", [RATE_LIMITED])
+    env.update(env_extra)
+    done = _run(["--", str(path)], env)
+    assert done.returncode == 75
+    assert _runs(tmp_path) == runs
+    assert f"({runs} attempts total)" in done.stderr
+
