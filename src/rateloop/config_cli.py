@@ -131,14 +131,9 @@ def _base_text(backoff: Backoff, n: int) -> str:
     base = backoff.base(n) if backoff.strategy != "decorrelated" else None
     if base is not None and base >= backoff.max_delay:
         return f"capped at {_fmt(backoff.max_delay)}"
-    i, m = _fmt(backoff.initial), _fmt(backoff.multiplier)
-    if backoff.strategy == "exponential":
-        return f"{i}·{m}^{n - 1} = {_fmt(backoff.base(n))}"
-    if backoff.strategy == "linear":
-        return f"{i}·{n} = {_fmt(backoff.base(n))}"
-    if backoff.strategy == "constant":
-        return _fmt(backoff.base(n))
-    return backoff.formula
+    if base is None or backoff.strategy == "constant":
+        return backoff.formula_at(n)
+    return f"{backoff.formula_at(n)} = {_fmt(base)}"
 
 
 def schedule_rows(backoff: Backoff, retries: int) -> list[tuple[str, str, float, float]]:

@@ -239,11 +239,15 @@ class Backoff:
     @property
     def formula(self) -> str:
         """The un-jittered formula in retry index ``n``, e.g. ``"5·2^(n−1)"``."""
+        return self.formula_at(None)
+
+    def formula_at(self, n: int | None) -> str:
+        """The formula with retry index ``n`` filled in (``"5·2^3"``), or symbolic for None."""
         i, m = _fmt(self.initial), _fmt(self.multiplier)
         if self.strategy == "exponential":
-            return f"{i}·{m}^(n−1)"
+            return f"{i}·{m}^{'(n−1)' if n is None else n - 1}"
         if self.strategy == "linear":
-            return f"{i}·n"
+            return f"{i}·{'n' if n is None else n}"
         if self.strategy == "constant":
             return i
         return f"U({i}, 3·previous)"
