@@ -98,16 +98,6 @@ class Retry:
     retry: int
     signal: LimitSignal
 
-    def banner_fields(self, settings: AgentSettings) -> dict[str, object]:
-        """The numbers of the wait banner: retry ``r``/max, attempt ``r + 1`` of the total."""
-        return {
-            "wait": self.wait,
-            "retry": self.retry,
-            "max_retries": settings.max_retries,
-            "attempt": self.retry + 1,
-            "total": settings.max_executions,
-        }
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepFailure:
