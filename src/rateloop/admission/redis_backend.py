@@ -23,6 +23,7 @@ primary) is assumed: the keys of several scopes are touched by one script.
 from __future__ import annotations
 
 import asyncio
+import threading
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -108,6 +109,7 @@ class RedisBackend:
             **options,
         }
         self._texts = {name: _script_text(name) for name in _SCRIPTS}
+        self._lock = threading.Lock()
         self._client: redis.Redis | None = None
         self._scripts: dict[str, Script] = {}
         # redis.asyncio connections belong to one event loop: one client per loop.
@@ -123,21 +125,26 @@ class RedisBackend:
 
     def _sync_scripts(self) -> dict[str, Script]:
         if self._client is None:
-            client = redis.Redis.from_url(self._raw_url, **self._options)
-            self._scripts = {n: client.register_script(t) for n, t in self._texts.items()}
-            self._client = client
+            with self._lock:  # threads racing on first use build one client
+                if self._client is None:
+                    client = redis.Redis.from_url(self._raw_url, **self._options)
+                    self._scripts = {n: client.register_script(t) for n, t in self._texts.items()}
+                    self._client = client
         return self._scripts
 
     def _async_scripts(self) -> dict[str, AsyncScript]:
         loop = asyncio.get_running_loop()
         entry = self._aclients.get(loop)
         if entry is None:
+            for dead in [lp for lp in self._aclients if lp.is_closed()]:
+                del self._aclients[dead]  # its loop is gone; aclose() was not called
             client = aredis.Redis.from_url(self._raw_url, **self._options)
             scripts = {n: client.register_script(t) for n, t in self._texts.items()}
             entry = self._aclients[loop] = (client, scripts)
         return entry[1]
 
     def close(self) -> None:
+        """Close the sync client (async clients: ``aclose`` in their event loop)."""
         if self._client is not None:
             self._client.close()
             self._client = None
