@@ -152,3 +152,36 @@ def test_loop_with_redis_limiter_shares_capacity_across_loops(
     assert statuses[:3] == [Status.COMPLETED] * 3
     assert statuses[3] is Status.WAITING_FOR_CAPACITY
     assert len(fn.calls) == 3
+
+
+def test_an_interrupted_attempt_gives_its_capacity_back(clock: FakeClock) -> None:
+    limiter, loop = make(clock, requests_per_minute=60, output_tokens_per_minute=1000)
+
+    def interrupted(route: Route) -> Any:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.call(interrupted, route=ROUTE, cost=Cost(output_tokens=900))
+    # The 900 reserved output tokens came back: another 900 fits at once.
+    assert limiter.try_reserve(ROUTE, Cost(output_tokens=900))
+
+
+def test_a_cancelled_async_attempt_gives_its_capacity_back(clock: FakeClock) -> None:
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(output_tokens_per_minute=1000)}, clock=clock)
+    loop = AsyncRateLoop(policy(), limiter=limiter, clock=clock)
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def slow(route: Route) -> Any:
+            started.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(loop.call(slow, route=ROUTE, cost=Cost(output_tokens=900)))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert limiter.try_reserve(ROUTE, Cost(output_tokens=900))

@@ -356,7 +356,14 @@ class _BaseRateLoop:
                 return finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
             ledger.record_loop()
             state.route_attempts += 1
-            result = yield _Call(route)
+            try:
+                result = yield _Call(route)
+            except BaseException:
+                # Interrupted inside the attempt (KeyboardInterrupt, task cancelled):
+                # give the capacity back before the interruption goes on.
+                if reservation is not None:
+                    yield _Limiter(reservation, "release", ())
+                raise
             ledger.record_sdk(_sdk_retries(result))
             try:
                 signal = self._signal_of(result)
@@ -540,12 +547,16 @@ class RateLoop(_BaseRateLoop):
         spec = self._spec(route, options)
         flow = self._drive(spec)
         result: Any = None
+        error: BaseException | None = None
         while True:
             try:
-                effect = flow.send(result)
+                effect = flow.send(result) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return cast(Outcome, stop.value)
-            result = self._perform(effect, fn, spec)
+            try:
+                result, error = self._perform(effect, fn, spec), None
+            except BaseException as exc:  # the flow decides what to clean up, then re-raises
+                result, error = None, exc
 
     def call_or_raise(
         self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
@@ -618,12 +629,16 @@ class AsyncRateLoop(_BaseRateLoop):
         spec = self._spec(route, options)
         flow = self._drive(spec)
         result: Any = None
+        error: BaseException | None = None
         while True:
             try:
-                effect = flow.send(result)
+                effect = flow.send(result) if error is None else flow.throw(error)
             except StopIteration as stop:
                 return cast(Outcome, stop.value)
-            result = await self._perform(effect, fn, spec)
+            try:
+                result, error = await self._perform(effect, fn, spec), None
+            except BaseException as exc:  # the flow decides what to clean up, then re-raises
+                result, error = None, exc
 
     async def call_or_raise(
         self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
