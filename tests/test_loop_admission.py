@@ -185,3 +185,19 @@ def test_a_cancelled_async_attempt_gives_its_capacity_back(clock: FakeClock) -> 
 
     asyncio.run(main())
     assert limiter.try_reserve(ROUTE, Cost(output_tokens=900))
+
+
+def test_limiter_from_policy_reads_admission_and_limits(
+    redis_url: str, redis_prefix: str, clock: FakeClock
+) -> None:
+    pol = Policy.from_dict(
+        {
+            "admission": {"backend": redis_url, "on_unreachable": "local", "local_share": 0.5},
+            "limits": {ROUTE.scope: {"requests_per_minute": 2}},
+        }
+    )
+    limiter = Limiter.from_policy(pol, prefix=redis_prefix, clock=clock)
+    assert limiter.limits_for(ROUTE.scope) == LimitSpec(requests_per_minute=2)
+    assert "redis://" in repr(limiter)
+    grants = [bool(limiter.try_reserve(ROUTE, Cost())) for _ in range(3)]
+    assert grants == [True, True, False]

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backend import Backend, BackendUnreachable, backend_from_url
@@ -54,6 +54,9 @@ from rateloop.admission.reservation import (
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
+
+if TYPE_CHECKING:
+    from rateloop.policy import Policy
 
 __all__ = ["LOCAL_RETRY_SECONDS", "Limiter"]
 
@@ -219,6 +222,32 @@ class Limiter:
             local_share=local_share,
             aimd=aimd,
             rng=rng,
+        )
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: Policy,
+        *,
+        prefix: str = "rateloop:",
+        clock: Clock | None = None,
+        **options: Any,
+    ) -> Limiter:
+        """The limiter a policy describes: its ``[admission]`` table and ``[limits]``.
+
+        >>> from rateloop.policy import Policy
+        >>> Limiter.from_policy(Policy.from_dict({"limits": {"openai:gpt-5": {"concurrency": 4}}}))
+        Limiter('memory://', scopes=['openai:gpt-5'], on_unreachable='fail_closed')
+        """
+        admission = policy.admission
+        return cls.from_url(
+            admission.backend,
+            prefix=prefix,
+            limits=policy.limits,
+            clock=clock,
+            on_unreachable=admission.on_unreachable,
+            local_share=admission.local_share,
+            **options,
         )
 
     def __repr__(self) -> str:
