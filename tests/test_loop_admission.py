@@ -201,3 +201,72 @@ def test_limiter_from_policy_reads_admission_and_limits(
     assert "redis://" in repr(limiter)
     grants = [bool(limiter.try_reserve(ROUTE, Cost())) for _ in range(3)]
     assert grants == [True, True, False]
+
+
+TENANT_A = Route(provider="openai", model="gpt-5", project="p1", tenant="a")
+TENANT_B = Route(provider="openai", model="gpt-5", project="p1", tenant="b")
+
+
+def test_a_throttle_on_one_tenant_pauses_the_whole_project() -> None:
+    probes: list[object] = []
+
+    class Probe(FakeClock):
+        def sleep(self, seconds: float) -> None:
+            probes.append(limiter.try_reserve(TENANT_B, Cost()))
+            super().sleep(seconds)
+
+    clock = Probe()
+    limiter = Limiter(limits={"openai:gpt-5:p1": LimitSpec(requests_per_minute=600)}, clock=clock)
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    assert loop.call(FaultScript([throttle("20"), ok()]), route=TENANT_A).ok
+    # The provider limited the project: tenant b is held too, not only tenant a.
+    assert isinstance(probes[0], Denied) and probes[0].retry_after >= 20.0
+
+
+def test_a_period_quota_pauses_the_scope_until_its_reset(clock: FakeClock) -> None:
+    limiter, loop = make(clock, requests_per_minute=600)
+    request = httpx.Request("POST", OPENAI)
+    body = {
+        "error": {
+            "message": "Rate limit reached on requests per day (RPD): Limit 200, Used 200. "
+            "Please try again in 6m0s.",
+            "code": "rate_limit_exceeded",
+        }
+    }
+    resp = httpx.Response(429, json=body, request=request)
+    out = loop.call(
+        FaultScript([httpx.HTTPStatusError("429", request=request, response=resp)]), route=ROUTE
+    )
+    assert out.status is Status.WAITING_FOR_RESET
+    held = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(held, Denied) and held.retry_after >= 359.0
+
+
+def test_provider_headers_reach_the_limiter(clock: FakeClock) -> None:
+    limiter = Limiter(clock=clock)  # zero-config: nothing configured for the scope
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    headers = {
+        "x-ratelimit-limit-requests": "2",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "30s",
+    }
+    resp = httpx.Response(
+        200, headers=headers, json={"usage": {}}, request=httpx.Request("POST", OPENAI)
+    )
+    assert loop.call(FaultScript([resp]), route=ROUTE).ok
+    # The headers said the minute's requests are spent for 30 s: the next call must wait.
+    held = limiter.try_reserve(ROUTE, Cost())
+    assert isinstance(held, Denied)
+    assert 0 < held.retry_after <= 31.0
+
+
+def test_gemini_usage_settles_the_reservation(clock: FakeClock) -> None:
+    _, loop = make(clock, output_tokens_per_minute=1000)
+    gemini = httpx.Response(
+        200,
+        json={"usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 50}},
+        request=httpx.Request("POST", "https://generativelanguage.googleapis.com/v1beta/x"),
+    )
+    for _ in range(3):
+        assert loop.call(FaultScript([gemini]), route=ROUTE, cost=Cost(output_tokens=800)).ok
+    assert clock.sleeps == []  # 800 reserved, 50 used: the refunds keep every call immediate

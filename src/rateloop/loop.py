@@ -388,13 +388,13 @@ class _BaseRateLoop:
                 else:
                     yield _Limiter(reservation, "release", ())
             if self.limiter is not None:
+                # The provider speaks for the scope it limits (the project), every tenant included.
+                scope = route.provider_scope
                 if signal.observed or signal.kind is Kind.TEMPORARY:
-                    yield _Limiter(self.limiter, "observe", (route.scope, signal))
-                if signal.retry_after and signal.kind in (Kind.TEMPORARY, Kind.OVERLOAD):
-                    until = clock.now() + timedelta(seconds=signal.retry_after)
-                    yield _Limiter(
-                        self.limiter, "pause", (route.scope, until, f"{signal.kind.value} signal")
-                    )
+                    yield _Limiter(self.limiter, "observe", (scope, signal))
+                until = _pause_until(signal, clock.now())
+                if until is not None:
+                    yield _Limiter(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
 
             if signal.kind is Kind.OK:
                 value = result.value if isinstance(result, _Returned) else None
@@ -474,6 +474,19 @@ class _BaseRateLoop:
         raise RateLimitExhausted(outcome)
 
 
+def _pause_until(signal: LimitSignal, now: datetime) -> datetime | None:
+    """Until when a signal with a server minimum holds its whole scope, for every worker."""
+    if signal.kind in (Kind.TEMPORARY, Kind.OVERLOAD) and signal.retry_after:
+        return now + timedelta(seconds=signal.retry_after)
+    if signal.kind is Kind.PERIOD_QUOTA:
+        # An empty day window: no worker should spend a request to find that out.
+        if signal.reset_at is not None and signal.reset_at > now:
+            return signal.reset_at
+        if signal.retry_after:
+            return now + timedelta(seconds=signal.retry_after)
+    return None
+
+
 def result_error(result: _Returned | _Raised) -> BaseException | None:
     return result.error if isinstance(result, _Raised) else None
 
@@ -491,9 +504,9 @@ def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
     if not isinstance(result, _Returned):
         return None
     value = result.value
-    usage = getattr(value, "usage", None)
+    usage = getattr(value, "usage", None) or getattr(value, "usage_metadata", None)
     if usage is None and isinstance(value, dict):
-        usage = value.get("usage")
+        usage = value.get("usage") or value.get("usageMetadata")
     if usage is None and isinstance(getattr(value, "status_code", None), int):
         # An HTTP response (httpx, requests): the usage is in its JSON body.
         try:
@@ -512,8 +525,11 @@ def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
                 return value
         return None
 
-    inp = field("input_tokens", "prompt_tokens", "prompt_token_count")
-    out = field("output_tokens", "completion_tokens", "candidates_token_count")
+    # OpenAI, Anthropic, and Gemini (google-genai attributes, REST camelCase).
+    inp = field("input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount")
+    out = field(
+        "output_tokens", "completion_tokens", "candidates_token_count", "candidatesTokenCount"
+    )
     if inp is None and out is None:
         return None
     return (inp or 0, out or 0)

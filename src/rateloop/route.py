@@ -57,6 +57,16 @@ class Route:
                 keys.append(f"{keys[-1]}:{self.tenant}")
         return tuple(keys)
 
+    @property
+    def provider_scope(self) -> str:
+        """The scope the provider itself limits: ``provider:model[:project]``.
+
+        A tenant is rateloop's own subdivision, so a provider's 429 or its
+        rate-limit headers speak for the project, every tenant included.
+        """
+        keys = self.scopes
+        return keys[1] if len(keys) == 3 else keys[-1]
+
     def with_model(self, model: str) -> Route:
         """The same route, on another model."""
         return Route(
