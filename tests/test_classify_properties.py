@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rateloop.classify import classify, classify_text
+from rateloop.classify._core import read_response
 from rateloop.classify._time import parse_duration, reset_value
 from rateloop.signal import MAX_WAIT_SECONDS, LimitSignal
 
@@ -89,6 +90,9 @@ def test_classify_never_raises_and_bounds_waits(
     status: int | None, headers: object, body: object, provider: str | None, now: datetime
 ) -> None:
     _bounded(classify(status, headers, body, provider=provider, now=now))  # type: ignore[arg-type]
+    # The same input through the reader itself, without classify's safety net: a reader bug
+    # must fail here rather than hide behind the status-only fallback.
+    _bounded(read_response(status, headers, body, provider=provider, now=now))  # type: ignore[arg-type]
 
 
 @settings(max_examples=300, deadline=None)

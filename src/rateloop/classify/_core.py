@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from rateloop._clock import system_clock
 from rateloop.classify import anthropic, bedrock, google, openai, others
@@ -27,6 +27,7 @@ from rateloop.classify._detect import detect
 from rateloop.classify._evidence import BodyLike, Evidence, Finding, HeadersLike, gather
 from rateloop.classify._http import body_reset, exhausted, observe, retry_after_raw
 from rateloop.classify._rules import by_status
+from rateloop.classify._time import add_seconds
 from rateloop.signal import MAX_WAIT_SECONDS, Kind, LimitSignal, Observed
 
 __all__ = ["classify", "resolve_now", "signal_from"]
@@ -71,15 +72,6 @@ def resolve_now(now: datetime | None) -> datetime:
 def _ordered(provider: str | None) -> list[Rule]:
     first = _PROVIDER_RULE.get(provider or "", provider)
     return [r for name, r in _RULES if name == first] + [r for name, r in _RULES if name != first]
-
-
-def _add(now: datetime, seconds: float | None) -> datetime | None:
-    if seconds is None:
-        return None
-    try:
-        return now + timedelta(seconds=seconds)
-    except (OverflowError, ValueError):
-        return None
 
 
 def _request_id(ev: Evidence, finding: Finding) -> str | None:
@@ -132,7 +124,7 @@ def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> L
             wait = header_wait
         if header_raw is not None and header_raw > MAX_WAIT_SECONDS and reset_at is None:
             # The wait is clamped to a day; the reset time keeps what the server asked.
-            reset_at = _add(ev.now, header_raw)
+            reset_at = add_seconds(ev.now, header_raw)
         if matched is None:
             matched = header_name or (str(ev.status) if ev.status is not None else None)
         if wait is None or reset_at is None:
@@ -148,9 +140,9 @@ def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> L
             if resets and kind is Kind.TEMPORARY and wait is None:
                 wait = max(resets)
             if resets and kind is Kind.PERIOD_QUOTA and reset_at is None:
-                reset_at = _add(ev.now, max(resets))
+                reset_at = add_seconds(ev.now, max(resets))
         if kind is Kind.PERIOD_QUOTA and reset_at is None:
-            reset_at = _add(ev.now, wait)
+            reset_at = add_seconds(ev.now, wait)
     return LimitSignal.of(
         kind,
         retry_after=wait,
@@ -188,12 +180,28 @@ def classify(
     moment = resolve_now(now)
     given = provider.strip().lower() or None if provider else None
     try:
-        ev = gather(status, headers, body, now=moment, provider=None)
-        nested = others.nested_headers(ev)
-        if nested:
-            ev = replace(ev, headers={**nested, **ev.headers})
-        name = given or detect(ev.headers, ev.data, ev.text)
-        return signal_from(replace(ev, provider=name))
+        return read_response(status, headers, body, provider=given, now=moment)
     except Exception:  # a reader bug must not take the caller's loop down: status only
         bare = Evidence(status=status, headers={}, text="", data=None, now=moment, provider=given)
         return signal_from(bare)
+
+
+def read_response(
+    status: int | None,
+    headers: HeadersLike,
+    body: BodyLike,
+    *,
+    provider: str | None,
+    now: datetime,
+) -> LimitSignal:
+    """The classification itself, without :func:`classify`'s safety net.
+
+    The property tests call this, so a reader bug shows up as a failure
+    instead of hiding behind the status-only fallback.
+    """
+    ev = gather(status, headers, body, now=now, provider=None)
+    nested = others.nested_headers(ev)
+    if nested:
+        ev = replace(ev, headers={**nested, **ev.headers})
+    name = provider or detect(ev.headers, ev.data, ev.text)
+    return signal_from(replace(ev, provider=name))

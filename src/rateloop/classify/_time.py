@@ -28,6 +28,7 @@ from rateloop.signal import clamp_wait
 __all__ = [
     "EPOCH_MS_THRESHOLD",
     "EPOCH_S_THRESHOLD",
+    "add_seconds",
     "parse_datetime",
     "parse_duration",
     "parse_number",
@@ -166,7 +167,10 @@ def seconds_until(moment: datetime, now: datetime) -> float | None:
         return None
 
 
-def _add(now: datetime, seconds: float) -> datetime | None:
+def add_seconds(now: datetime, seconds: float | None) -> datetime | None:
+    """``now + seconds``, or None when there are no seconds or the date would overflow."""
+    if seconds is None:
+        return None
     try:
         return now + timedelta(seconds=seconds)
     except (OverflowError, ValueError):
@@ -192,7 +196,7 @@ def reset_value(
         else:
             delta = number / 1000.0 if millis else number
             wait = clamp_wait(delta)
-            return wait, _add(now, wait) if wait is not None else None
+            return wait, add_seconds(now, wait)
         if moment is None:
             return None, None
         return seconds_until(moment, now), moment
@@ -201,7 +205,7 @@ def reset_value(
     duration = parse_duration(value)
     if duration is not None:
         wait = clamp_wait(duration)
-        return wait, _add(now, wait) if wait is not None else None
+        return wait, add_seconds(now, wait)
     moment = parse_datetime(value)
     if moment is None:
         return None, None

@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop.classify._core import resolve_now
 from rateloop.classify._phrases import dimension_of, period_of, spend_of, wait_in
-from rateloop.classify._time import reset_value
+from rateloop.classify._time import add_seconds, reset_value
 from rateloop.classify.google import next_pacific_midnight
 from rateloop.signal import Kind, LimitSignal
 
@@ -172,15 +172,6 @@ def _date_reset(text: str) -> datetime | None:
         return None
 
 
-def _after(now: datetime, seconds: float | None) -> datetime | None:
-    if seconds is None:
-        return None
-    try:
-        return now + timedelta(seconds=seconds)
-    except (OverflowError, ValueError):
-        return None
-
-
 def _limit(matched: str, reset_at: datetime | None, provider: str | None) -> LimitSignal:
     return LimitSignal.of(
         Kind.PERIOD_QUOTA, reset_at=reset_at, matched=matched, provider=provider
@@ -195,13 +186,13 @@ def _usage_limit(text: str, now: datetime) -> LimitSignal | None:
     codex = _CODEX.search(text)
     if codex:
         wait = wait_in(text)
-        reset_at = _after(now, wait) if wait is not None else _date_reset(text)
+        reset_at = add_seconds(now, wait) if wait is not None else _date_reset(text)
         return _limit("hit your usage limit", reset_at, "openai")
     usage = _USAGE.search(text)
     if usage:
         reset_at = _clock_reset(text, now)
         if reset_at is None:
-            reset_at = _after(now, wait_in(text))
+            reset_at = add_seconds(now, wait_in(text))
         return _limit(_canonical(usage.group(0)), reset_at, None)
     gemini = _GEMINI_QUOTA.search(text)
     if gemini:
