@@ -132,3 +132,21 @@ def test_parse_http_message_takes_the_last_block_and_keeps_the_body() -> None:
     assert status == 503
     assert headers == [("Retry-After", "5"), ("X-Folded", "a b")]
     assert body == "line one\r\n\r\nline three"
+
+
+def test_bom_utf16_lowercase_and_redirect_bodies_are_read(tmp_path: Path) -> None:
+    message = (
+        "http/1.1 301 Moved Permanently\r\nlocation: /v1\r\n\r\n<html>moved</html>\r\n"
+        'HTTP/2 429\r\nretry-after: 7\r\n\r\n{"error": {"code": "rate_limit_exceeded"}}'
+    )
+    status, headers, body = parse_http_message(message)
+    assert status == 429 and ("retry-after", "7") in headers and "rate_limit_exceeded" in body
+    for name, data in (
+        ("bom.http", b"\xef\xbb\xbf" + message.encode()),
+        ("utf16.http", message.encode("utf-16")),
+    ):
+        path = tmp_path / name
+        path.write_bytes(data)
+        out = CliRunner().invoke(app, ["classify", str(path)])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["retry_after"] == 7.0

@@ -26,7 +26,7 @@ from rateloop.signal import LimitSignal
 
 __all__ = ["parse_http_message", "register", "signal_as_dict"]
 
-_STATUS_LINE = re.compile(r"^HTTP/(\d(?:\.\d)?)\s+(\d{3})(?:\s+(.*))?$")
+_STATUS_LINE = re.compile(r"^HTTP/(\d(?:\.\d)?)\s+(\d{3})(?:\s+(.*))?$", re.IGNORECASE)
 _HEADER = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*)$")
 _EXIT_UNREADABLE = 2
 
@@ -93,6 +93,15 @@ def parse_http_message(text: str) -> tuple[int, list[tuple[str, str]], str]:
         if probe < len(lines) and _STATUS_LINE.match(lines[probe].rstrip("\r")):
             index = probe
             continue
+        if 100 <= status < 200 or 300 <= status < 400:
+            # An interim or redirect block that kept a body: the response follows it.
+            later = next(
+                (i for i in range(index, len(lines)) if _STATUS_LINE.match(lines[i].rstrip("\r"))),
+                None,
+            )
+            if later is not None:
+                index = later
+                continue
         break
     if status is None:
         first = next((line for line in lines if line.strip()), "")[:60]
@@ -111,7 +120,10 @@ def _read(source: str | None) -> str:
         data = sys.stdin.buffer.read() if stdin or source is None else Path(source).read_bytes()
     except OSError as exc:
         raise ValueError(f"cannot read {source!r}: {exc.strerror or exc}") from exc
-    return data.decode("utf-8", "replace")
+    # PowerShell's ">" writes UTF-16 with a BOM; editors may add a UTF-8 BOM.
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16", "replace")
+    return data.decode("utf-8-sig", "replace")
 
 
 def _fail(message: str) -> typer.Exit:
