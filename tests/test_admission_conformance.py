@@ -279,3 +279,58 @@ def test_configured_limits_win_over_headers(limiter: Limiter) -> None:
     limiter.set_limits(MODEL, LimitSpec(requests_per_minute=10))
     limiter.observe(MODEL, {"x-ratelimit-limit-requests": "500"})
     assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=10)
+
+
+def test_observe_on_a_narrower_scope_acts_on_the_governing_limits(limiter: Limiter) -> None:
+    """The loop observes on ``provider:model:project``; limits live on ``provider:model``."""
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=60, tokens_per_minute=10_000))
+    project = f"{MODEL}:proj-1"
+    left = Observed(dimension=Dimension.REQUESTS, limit=500, remaining=3, reset_after=1.0)
+    limiter.observe(project, LimitSignal.of(Kind.OK, observed=(left,)))
+    assert limiter.limits_for(project) is None  # an ancestor is configured: nothing learned
+    assert fill(limiter, ROUTE, Cost()) == 3  # the tightening reached openai:gpt-5
+    assert denied(limiter.try_reserve(ROUTE, Cost())).scope == MODEL
+    # A 429 despite admission lowers the governing scope's rate too.
+    other = Route(provider="openai", model="gpt-5", project="proj-2")
+    limiter.observe(project, LimitSignal.of(Kind.TEMPORARY, status=429))
+    d = denied(limiter.try_reserve(other, Cost()))
+    assert d.retry_after == pytest.approx(1.25, abs=TOL)  # one request at 1/s × 0.8
+
+
+def test_observe_with_limits_on_the_scope_and_an_ancestor_uses_the_nearest(
+    limiter: Limiter,
+) -> None:
+    project = f"{MODEL}:proj-1"
+    limiter.set_limits(MODEL, LimitSpec(requests_per_minute=100))
+    limiter.set_limits(project, LimitSpec(requests_per_minute=50))
+    no_requests = Observed(dimension=Dimension.REQUESTS, remaining=0, reset_after=20.0)
+    limiter.observe(f"{project}:t-7", LimitSignal.of(Kind.OK, observed=(no_requests,)))
+    d = denied(limiter.try_reserve(ROUTE, Cost()))
+    assert (d.scope, d.dimension) == (project, Dimension.REQUESTS)
+    assert d.retry_after == pytest.approx(20.0, abs=TOL)
+    # openai:gpt-5 itself was not touched: another project is admitted.
+    assert limiter.try_reserve(Route(provider="openai", model="gpt-5", project="p2"), Cost())
+
+
+def test_zero_config_only_without_limits_on_the_path(limiter: Limiter) -> None:
+    project = f"{MODEL}:proj-1"
+    learn = LimitSignal.of(
+        Kind.OK,
+        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6),),
+    )
+    limiter.observe(project, learn)  # nothing configured anywhere: learn for the scope
+    assert limiter.limits_for(project) == LimitSpec(requests_per_minute=6)
+    assert fill(limiter, ROUTE, Cost()) == 6
+    limiter.set_limits("openai:o3", LimitSpec(concurrency=4))
+    limiter.observe("openai:o3:proj-1", learn)
+    assert limiter.limits_for("openai:o3:proj-1") is None
+
+
+def test_pause_on_the_provider_scope_blocks_its_tenants(limiter: Limiter) -> None:
+    project = f"{MODEL}:proj-1"
+    peer(limiter).pause(project, 30.0, "429 on the project")
+    d = denied(limiter.try_reserve(ROUTE, Cost()))  # ROUTE's own scope is ...:proj-1:t-7
+    assert d.scope == project and ROUTE.scope == f"{project}:t-7"
+    assert 30.0 - TOL <= d.retry_after <= 31.0 + TOL
+    assert limiter.try_reserve(Route(provider="openai", model="gpt-5", project="p2"), Cost())
+    assert limiter.try_reserve(Route(provider="openai", model="gpt-5"), Cost())

@@ -53,7 +53,7 @@ from rateloop.admission.reservation import (
 )
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
+from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -64,15 +64,6 @@ __all__ = ["LOCAL_RETRY_SECONDS", "Limiter"]
 LOCAL_RETRY_SECONDS = 5.0
 
 T = TypeVar("T")
-
-_SPEC_FIELDS = {
-    Dimension.REQUESTS: "requests_per_minute",
-    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
-    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
-    Dimension.TOKENS: "tokens_per_minute",
-    Dimension.REQUESTS_PER_DAY: "requests_per_day",
-    Dimension.CONCURRENCY: "concurrency",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,40 +420,60 @@ class Limiter:
         if wait > 0:
             yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
 
+    def _governing(self, scope: str) -> str | None:
+        """The nearest scope on ``scope``'s path (itself, then its ancestors) with limits.
+
+        The loop observes on a route's provider scope (``provider:model[:project]``)
+        while the limits may be configured on a broader scope; what the provider
+        said is about the limit that governs the call, so it applies there.
+        """
+        for candidate in _path(scope):
+            if self.limits_for(candidate) is not None:
+                return candidate
+        return None
+
     def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
+        if not isinstance(scope, str) or not scope:
+            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
         signal = (
             source
             if isinstance(source, LimitSignal)
             else _signal_from_headers(source, self._clock.now())
         )
         self._learn(scope, signal)
-        spec = self.limits_for(scope)
+        target = self._governing(scope)
+        spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
-        if spec is not None:
-            for check in build_checks(scope, spec, Cost(requests=0)):
+        if target is not None and spec is not None:
+            for check in build_checks(target, spec, Cost(requests=0)):
                 by_dimension[check.dimension] = check
         tightenings = tuple(
-            Tightening(
-                check=by_dimension[o.dimension], remaining=o.remaining, reset_after=o.reset_after
-            )
+            Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
             for o in signal.observed
-            if o.dimension in by_dimension
-            and by_dimension[o.dimension].kind is not CheckKind.LEASE
-            and (o.remaining is not None or o.reset_after is not None)
+            if o.remaining is not None or o.reset_after is not None
+            for d in _tightened(o)
+            if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
         lower = signal.kind is Kind.TEMPORARY
-        if tightenings or lower:
-            yield _Do(ObserveOp(scope=scope, tightenings=tightenings, lower=lower, aimd=self.aimd))
+        if target is not None and (tightenings or lower):
+            yield _Do(
+                ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd)
+            )
 
     def _learn(self, scope: str, signal: LimitSignal) -> None:
-        """Zero-config: take limits from the provider's headers when none are configured."""
-        if scope in self._limits:
+        """Zero-config: take limits from the provider's headers when none are configured.
+
+        Only when no scope on the path (``scope`` and its ancestors) has
+        configured limits, and only from observations whose window is known
+        (see :func:`_learned_field`); the limits are learned for ``scope``.
+        """
+        if any(s in self._limits for s in _path(scope)):
             return
-        learned: dict[str, Any] = {
-            _SPEC_FIELDS[o.dimension]: int(o.limit)
-            for o in signal.observed
-            if o.dimension in _SPEC_FIELDS and o.limit is not None and o.limit >= 1
-        }
+        learned: dict[str, Any] = {}
+        for o in signal.observed:
+            name = _learned_field(o)
+            if name is not None and o.limit is not None and o.limit >= 1:
+                learned.setdefault(name, int(o.limit))
         if not learned:
             return
         with self._lock:
@@ -624,3 +635,29 @@ def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSign
     # Imported here: Read (classify) is a sibling stage, loaded only when used.
     classify = importlib.import_module("rateloop.classify").classify
     return cast(LimitSignal, classify(200, headers, b"", now=now))
+
+
+def _path(scope: str) -> list[str]:
+    """``scope`` and its ancestors, nearest first: ``a:b:c`` -> ``a:b:c``, ``a:b``, ``a``."""
+    parts = scope.split(":")
+    return [":".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+_SPEC_FIELDS = {
+    Dimension.REQUESTS: "requests_per_minute",
+    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
+    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
+    Dimension.TOKENS: "tokens_per_minute",
+    Dimension.REQUESTS_PER_DAY: "requests_per_day",
+    Dimension.CONCURRENCY: "concurrency",
+}
+
+
+def _learned_field(o: Observed) -> str | None:
+    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it."""
+    return _SPEC_FIELDS.get(o.dimension)
+
+
+def _tightened(o: Observed) -> tuple[Dimension, ...]:
+    """The dimensions whose state an observed ``remaining``/``reset`` tightens."""
+    return (o.dimension,)
