@@ -156,7 +156,7 @@ def test_observe_remaining_zero_empties_the_dimension_until_reset(limiter: Limit
 def test_zero_config_takes_limits_from_headers(limiter: Limiter) -> None:
     signal = LimitSignal.of(
         Kind.OK,
-        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6),),
+        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6, window=60.0),),
     )
     limiter.observe(MODEL, signal)
     assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=6)
@@ -316,7 +316,7 @@ def test_zero_config_only_without_limits_on_the_path(limiter: Limiter) -> None:
     project = f"{MODEL}:proj-1"
     learn = LimitSignal.of(
         Kind.OK,
-        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6),),
+        observed=(Observed(dimension=Dimension.REQUESTS, limit=6, remaining=6, window=60.0),),
     )
     limiter.observe(project, learn)  # nothing configured anywhere: learn for the scope
     assert limiter.limits_for(project) == LimitSpec(requests_per_minute=6)

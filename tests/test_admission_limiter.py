@@ -276,3 +276,59 @@ def test_set_limits_takes_effect_for_the_next_call(clock: FakeClock) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         limiter.set_limits("", LimitSpec())
     assert "memory://" in repr(limiter)
+
+
+# -- zero-config learns only limits whose window is known --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "learned"),
+    [
+        # OpenAI: per minute.
+        (
+            {"x-ratelimit-limit-requests": "500", "x-ratelimit-limit-tokens": "30000"},
+            LimitSpec(requests_per_minute=500, tokens_per_minute=30_000),
+        ),
+        # Groq: the same header names, but requests per DAY (tokens per minute).
+        (
+            {
+                "x-groq-region": "us-west-1",
+                "x-ratelimit-limit-requests": "14400",
+                "x-ratelimit-limit-tokens": "6000",
+            },
+            LimitSpec(requests_per_day=14_400, tokens_per_minute=6_000),
+        ),
+        # GitHub: 60 per HOUR -- not a per-minute limit; nothing learned.
+        ({"x-github-request-id": "A:B", "x-ratelimit-limit": "60"}, None),
+        # IETF policies: w=3600 ignored, w=60 learned, w=86400 of requests per day.
+        ({"ratelimit-policy": '"hourly";q=1000;w=3600'}, None),
+        ({"ratelimit-policy": '"m";q=100;w=60'}, LimitSpec(requests_per_minute=100)),
+        ({"ratelimit-policy": '"d";q=5000;w=86400'}, LimitSpec(requests_per_day=5_000)),
+        # A single x-ratelimit-limit without a known provider: window unknown.
+        ({"x-ratelimit-limit": "20"}, None),
+    ],
+)
+def test_zero_config_learns_only_known_windows(
+    clock: FakeClock, headers: dict[str, str], learned: LimitSpec | None
+) -> None:
+    limiter = make(clock)
+    limiter.observe("p:m", headers)
+    assert limiter.limits_for("p:m") == learned
+
+
+def test_groq_daily_remaining_tightens_requests_per_day(clock: FakeClock) -> None:
+    limiter = make(clock)
+    limiter.observe(
+        "groq:llama",
+        {
+            "x-groq-region": "us-west-1",
+            "x-ratelimit-limit-requests": "14400",
+            "x-ratelimit-remaining-requests": "2",
+        },
+    )
+    route = Route(provider="groq", model="llama")
+    assert isinstance(limiter.try_reserve(route, Cost()), Reservation)
+    assert isinstance(limiter.try_reserve(route, Cost()), Reservation)
+    denied = limiter.try_reserve(route, Cost())
+    assert isinstance(denied, Denied)
+    assert denied.dimension is Dimension.REQUESTS_PER_DAY

@@ -99,12 +99,26 @@ class Observed:
     """What a provider said about one limit dimension (from response headers).
 
     ``reset_after`` is seconds until the window refills, clamped like every wait.
+    ``window`` is the length in seconds of the window ``limit`` counts over
+    (60 for a per-minute limit, 86400 per day, 3600 per hour), or ``None``
+    when the headers do not say and the provider's documentation does not
+    either: a limit is only meaningful with its window.
     """
 
     dimension: Dimension
     limit: float | None = None
     remaining: float | None = None
     reset_after: float | None = None
+    window: float | None = None
+
+    def __repr__(self) -> str:
+        parts = [self.dimension.value]
+        for name in ("limit", "remaining", "reset_after", "window"):
+            value = getattr(self, name)
+            if value is not None:
+                unit = "s" if name in ("reset_after", "window") else ""
+                parts.append(f"{name}={value:g}{unit}")
+        return f"Observed({', '.join(parts)})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

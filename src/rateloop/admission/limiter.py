@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backend import Backend, BackendUnreachable, backend_from_url
-from rateloop.admission.gcra import AIMD, pause_spread
+from rateloop.admission.gcra import AIMD, DAY, pause_spread
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitOp,
@@ -643,21 +643,37 @@ def _path(scope: str) -> list[str]:
     return [":".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
-_SPEC_FIELDS = {
+#: Per-minute dimensions, keyed by what a provider's header describes.
+_MINUTE_FIELDS = {
     Dimension.REQUESTS: "requests_per_minute",
     Dimension.INPUT_TOKENS: "input_tokens_per_minute",
     Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
     Dimension.TOKENS: "tokens_per_minute",
-    Dimension.REQUESTS_PER_DAY: "requests_per_day",
-    Dimension.CONCURRENCY: "concurrency",
 }
 
 
 def _learned_field(o: Observed) -> str | None:
-    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it."""
-    return _SPEC_FIELDS.get(o.dimension)
+    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it.
+
+    Only a known window maps: 60 s to the per-minute dimensions, a day (86400 s)
+    of requests to ``requests_per_day``.  Any other window (GitHub's hour, an
+    IETF ``w=3600``) and an unknown one are ignored: a per-hour limit read as
+    per-minute would admit 60 times too much.
+    """
+    if o.window == 60.0:
+        return _MINUTE_FIELDS.get(o.dimension)
+    if o.window == DAY and o.dimension in (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY):
+        return "requests_per_day"
+    return None
 
 
 def _tightened(o: Observed) -> tuple[Dimension, ...]:
-    """The dimensions whose state an observed ``remaining``/``reset`` tightens."""
+    """The dimensions whose state an observed ``remaining``/``reset`` tightens.
+
+    ``remaining = R`` means at most R units are available now, whatever the
+    window, so it tightens the dimension it names; a day's requests (Groq)
+    also tighten ``requests_per_day``.
+    """
+    if o.window == DAY and o.dimension is Dimension.REQUESTS:
+        return (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY)
     return (o.dimension,)

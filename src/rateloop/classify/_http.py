@@ -12,6 +12,8 @@ How it works:
   ``RateLimit-Limit/-Remaining/-Reset`` trio, single-window
   ``x-ratelimit-limit/-remaining/-reset`` (GitHub, OpenRouter, Together),
   Together's ``x-tokenlimit-*`` and Mistral's ``x-ratelimitbysize-*``.
+  Each observation carries its window (``Observed.window``) where the
+  header (IETF ``w=``) or the provider's documentation states it.
 * :func:`body_reset` searches a JSON body, at any depth, for the reset fields
   listed in :data:`RESET_FIELDS`.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rateloop.classify._detect import detect
 from rateloop.classify._time import parse_number, reset_value
 from rateloop.signal import Dimension, Observed, clamp_wait
 
@@ -103,29 +106,51 @@ def _reset(headers: Mapping[str, str], name: str, now: datetime) -> float | None
     return reset_value(value, now)[0] if value is not None else None
 
 
-_FAMILIES: tuple[tuple[str, str, Dimension], ...] = (
-    # (prefix, suffix, dimension); names are f"{prefix}{field}{suffix}".
-    ("x-ratelimit-", "-requests", Dimension.REQUESTS),
-    ("x-ratelimit-", "-tokens", Dimension.TOKENS),
-    ("anthropic-ratelimit-requests-", "", Dimension.REQUESTS),
-    ("anthropic-ratelimit-tokens-", "", Dimension.TOKENS),
-    ("anthropic-ratelimit-input-tokens-", "", Dimension.INPUT_TOKENS),
-    ("anthropic-ratelimit-output-tokens-", "", Dimension.OUTPUT_TOKENS),
-    ("x-tokenlimit-", "", Dimension.TOKENS),
-    ("x-ratelimitbysize-", "-minute", Dimension.TOKENS),
-    ("x-ratelimit-", "", Dimension.REQUESTS),
-    ("ratelimit-", "", Dimension.REQUESTS),
+_MINUTE = 60.0
+_HOUR = 3_600.0
+_DAY = 86_400.0
+
+#: (prefix, suffix, dimension, window); names are f"{prefix}{field}{suffix}".
+#: ``window`` is the documented window in seconds, a ``{provider: seconds}``
+#: table when it depends on the provider (``None`` key: every other provider),
+#: or ``None`` when it is not known -- then nothing is guessed.
+_FAMILIES: tuple[tuple[str, str, Dimension, float | dict[str | None, float] | None], ...] = (
+    # OpenAI, Azure OpenAI, xAI, DeepSeek: RPM/TPM.  Groq: requests per DAY, tokens per minute.
+    ("x-ratelimit-", "-requests", Dimension.REQUESTS, {"groq": _DAY, None: _MINUTE}),
+    ("x-ratelimit-", "-tokens", Dimension.TOKENS, _MINUTE),
+    ("anthropic-ratelimit-requests-", "", Dimension.REQUESTS, _MINUTE),
+    ("anthropic-ratelimit-tokens-", "", Dimension.TOKENS, _MINUTE),
+    ("anthropic-ratelimit-input-tokens-", "", Dimension.INPUT_TOKENS, _MINUTE),
+    ("anthropic-ratelimit-output-tokens-", "", Dimension.OUTPUT_TOKENS, _MINUTE),
+    # Together documents neither header's window (and its limits are dynamic).
+    ("x-tokenlimit-", "", Dimension.TOKENS, None),
+    ("x-ratelimitbysize-", "-minute", Dimension.TOKENS, _MINUTE),
+    # Single-window: GitHub's is per hour; OpenRouter's and Together's are not stated.
+    ("x-ratelimit-", "", Dimension.REQUESTS, {"github": _HOUR}),
+    # The older RateLimit-Limit draft carries its window only in a policy.
+    ("ratelimit-", "", Dimension.REQUESTS, None),
 )
 
 
-def _families(headers: Mapping[str, str], now: datetime) -> Iterator[Observed]:
-    for prefix, suffix, dimension in _FAMILIES:
+def _families(
+    headers: Mapping[str, str], now: datetime, provider: str | None
+) -> Iterator[Observed]:
+    for prefix, suffix, dimension, windows in _FAMILIES:
         limit = _num(headers, f"{prefix}limit{suffix}")
         remaining = _num(headers, f"{prefix}remaining{suffix}")
         reset = _reset(headers, f"{prefix}reset{suffix}", now)
         if limit is None and remaining is None and reset is None:
             continue
-        yield Observed(dimension=dimension, limit=limit, remaining=remaining, reset_after=reset)
+        window = (
+            windows.get(provider, windows.get(None)) if isinstance(windows, dict) else windows
+        )
+        yield Observed(
+            dimension=dimension,
+            limit=limit,
+            remaining=remaining,
+            reset_after=reset,
+            window=window,
+        )
 
 
 _QUOTED = r'"(?:[^"\\]|\\.)*"'
@@ -169,14 +194,29 @@ def _ietf(headers: Mapping[str, str]) -> Iterator[Observed]:
         if limit is None and remaining is None and reset is None:
             continue
         dimension = _UNITS.get(policy.get("qu", "requests").lower(), Dimension.REQUESTS)
-        yield Observed(dimension=dimension, limit=limit, remaining=remaining, reset_after=reset)
+        window = parse_number(policy.get("w", ""))
+        yield Observed(
+            dimension=dimension,
+            limit=limit,
+            remaining=remaining,
+            reset_after=reset,
+            window=window if window is not None and window > 0 else None,
+        )
 
 
-def observe(headers: Mapping[str, str], now: datetime) -> tuple[Observed, ...]:
-    """Every limit the headers describe, one per dimension (first family wins)."""
+def observe(
+    headers: Mapping[str, str], now: datetime, provider: str | None = None
+) -> tuple[Observed, ...]:
+    """Every limit the headers describe, one per dimension (first family wins).
+
+    ``headers`` are normalized (lowercase names).  ``provider`` decides
+    windows that differ by provider (Groq counts ``x-ratelimit-*-requests``
+    per day); when it is not given, it is detected from the headers alone.
+    """
     seen: dict[Dimension, Observed] = {}
     try:
-        for item in [*_families(headers, now), *_ietf(headers)]:
+        name = provider or detect(headers, None, "")
+        for item in [*_families(headers, now, name), *_ietf(headers)]:
             seen.setdefault(item.dimension, item)
     except Exception:  # a parser bug must never break classification
         return tuple(seen.values())
