@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -150,6 +154,110 @@ def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -
         assert 0 < ttls["s"] <= 2_000 + 1_000  # one request drains in 1 s (+1 s margin)
         assert 0 < ttls["l"] <= 600_000 + 1_000  # the lease TTL
         assert 0 < ttls["p"] <= 5_001
+    finally:
+        client.close()
+        limiter.close()
+
+
+class SwitchableProxy:
+    """A real TCP proxy on loopback in front of Redis that can be switched off and on.
+
+    Switched off, it closes every connection and its port refuses new ones: to
+    the limiter, Redis is unreachable -- without touching the shared server.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._server: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    def on(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen()
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def off(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+            self._server.close()
+            self._server = None
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        self._conns.clear()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[SwitchableProxy]:
+    parts = urlsplit(redis_url)
+    p = SwitchableProxy((parts.hostname or "127.0.0.1", parts.port or 6379))
+    p.on()
+    yield p
+    p.off()
+
+
+def test_shared_reservation_settles_on_redis_during_the_local_window(
+    proxy: SwitchableProxy, redis_url: str, redis_prefix: str
+) -> None:
+    limits = {"openai:gpt-5": LimitSpec(concurrency=2, output_tokens_per_minute=1_000)}
+    limiter = Limiter.from_url(
+        f"redis://127.0.0.1:{proxy.port}/{urlsplit(redis_url).path.strip('/') or 0}",
+        prefix=redis_prefix,
+        limits=limits,
+        on_unreachable="local",
+        socket_timeout=1.0,
+    )
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    leases, state = f"{redis_prefix}l:openai:gpt-5", f"{redis_prefix}s:openai:gpt-5"
+    try:
+        shared = [limiter.try_reserve(ROUTE, Cost(output_tokens=400)) for _ in range(2)]
+        assert all(isinstance(r, Reservation) and not r.local for r in shared)
+        assert client.zcard(leases) == 2
+        proxy.off()
+        fallback = limiter.try_reserve(ROUTE, Cost())  # unreachable: the local window starts
+        assert isinstance(fallback, Reservation) and fallback.local
+        # Still unreachable: the settle is dropped (not applied to the local limiter);
+        # its lease stays in Redis until its TTL.
+        first, second = shared
+        assert isinstance(first, Reservation) and isinstance(second, Reservation)
+        first.settle(0, 0)
+        assert first.settled_at is None
+        proxy.on()
+        # Reachable again, still inside the local window: the settle goes to Redis.
+        second.settle(0, 100)
+        assert second.settled_at is not None
+        assert client.zrange(leases, 0, -1) == [first.lease_id]
+        level = float(client.hget(state, "output_tokens:l") or 0)
+        assert level <= 800 - 300 + 1e-6  # 300 unused output tokens were refunded
+        fallback.settle(0, 0)
     finally:
         client.close()
         limiter.close()

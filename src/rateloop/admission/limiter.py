@@ -502,20 +502,26 @@ class Limiter:
         self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
 
     def _execute(self, op: object, local: bool = False) -> _Done:
-        if not self._prefer_local(local):
+        shared_settle = not local and isinstance(op, SettleOp)
+        if shared_settle or not self._prefer_local(local):
             try:
                 return self._backend.execute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
+                if shared_settle:
+                    return None, op, False  # dropped: its lease expires by TTL
         scaled = _scaled_op(op, self._local_share)
         return self._local_backend().execute(scaled), scaled, True
 
     async def _aexecute(self, op: object, local: bool = False) -> _Done:
-        if not self._prefer_local(local):
+        shared_settle = not local and isinstance(op, SettleOp)
+        if shared_settle or not self._prefer_local(local):
             try:
                 return await self._backend.aexecute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
+                if shared_settle:
+                    return None, op, False  # dropped: its lease expires by TTL
         scaled = _scaled_op(op, self._local_share)
         return await self._local_backend().aexecute(scaled), scaled, True
 
@@ -543,15 +549,23 @@ class Limiter:
         except StopIteration as stop:
             return cast(T, stop.value)
 
-    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[float]:
+    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[float | None]:
         result, _, _ = yield _Do(op, local=local)
-        return float(cast(float, result))
+        return None if result is None else float(cast(float, result))
 
-    def _run_settle(self, op: SettleOp, *, local: bool) -> float:
-        """Settle on the backend that granted; returns the backend's time."""
+    def _run_settle(self, op: SettleOp, *, local: bool) -> float | None:
+        """Settle on the backend that granted; returns the backend's time.
+
+        A reservation the shared backend granted is settled there even while
+        the limiter is in its local fallback window (``local=False``): the
+        lease and the refund live there.  If the shared backend is still
+        unreachable (and ``on_unreachable="local"``) the settle is dropped --
+        nothing of it belongs in the local limiter -- so the lease expires
+        after its TTL and the refund is lost; the result is then ``None``.
+        """
         return self._drive(self._settle_flow(op, local))
 
-    async def _arun_settle(self, op: SettleOp, *, local: bool) -> float:
+    async def _arun_settle(self, op: SettleOp, *, local: bool) -> float | None:
         return await self._adrive(self._settle_flow(op, local))
 
     # -- the public twins -------------------------------------------------------------------------
