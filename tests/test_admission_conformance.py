@@ -334,3 +334,18 @@ def test_pause_on_the_provider_scope_blocks_its_tenants(limiter: Limiter) -> Non
     assert 30.0 - TOL <= d.retry_after <= 31.0 + TOL
     assert limiter.try_reserve(Route(provider="openai", model="gpt-5", project="p2"), Cost())
     assert limiter.try_reserve(Route(provider="openai", model="gpt-5"), Cost())
+
+
+def test_small_limit_with_a_reserve_makes_lower_classes_wait_not_fail(limiter: Limiter) -> None:
+    """rpm=5, burst=0.1: a capacity of one request, of which scheduled may use 0.9."""
+    small = LimitSpec(requests_per_minute=5, burst=0.1, reserve=0.1)
+    for project, priority in (("p-s", "scheduled"), ("p-b", "background")):
+        limiter.set_limits(f"{MODEL}:{project}", small)
+        route = Route(provider="openai", model="gpt-5", project=project)
+        assert isinstance(limiter.try_reserve(route, Cost(), priority=priority), Reservation)
+        d = denied(limiter.try_reserve(route, Cost(), priority=priority))
+        assert not d.never_fits  # it waits until the bucket is idle again
+        assert d.retry_after == pytest.approx(12.0, abs=TOL)
+        # Only a cost above the capacity itself never fits.
+        big = denied(limiter.try_reserve(route, Cost(requests=2), priority=priority))
+        assert big.never_fits and "capacity of 1" in big.reason

@@ -44,6 +44,7 @@ from rateloop.admission.plan import (
     SettleOp,
     Tightening,
     build_checks,
+    class_allowance,
 )
 from rateloop.admission.reservation import (
     AdmissionRejected,
@@ -115,6 +116,8 @@ def _scaled_check(check: Check, share: float) -> Check:
     allowed = check.allowed * capacity / check.capacity
     if check.kind is CheckKind.LEASE:
         allowed = float(max(1, math.floor(allowed + 1e-9)))
+    else:
+        allowed = class_allowance(allowed, check.amount, capacity)
     return replace(check, capacity=capacity, allowed=allowed, rate=check.rate * share)
 
 
@@ -366,8 +369,8 @@ class Limiter:
             scope=check.scope,
             dimension=check.dimension,
             reason=(
-                f"cost of {check.amount:g} {check.dimension.value} exceeds what this "
-                f"priority may ever use at once ({check.allowed:g} of {check.capacity:g})"
+                f"cost of {check.amount:g} {check.dimension.value} exceeds the capacity "
+                f"of {check.capacity:g} (burst × limit); waiting cannot help"
             ),
             never_fits=True,
         )

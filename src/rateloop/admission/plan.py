@@ -35,6 +35,7 @@ __all__ = [
     "SettleOp",
     "Tightening",
     "build_checks",
+    "class_allowance",
 ]
 
 
@@ -80,7 +81,10 @@ class Check:
 
     ``capacity`` is the bucket's burst (units), the day window's limit or the
     number of lease slots; ``allowed`` is how far this call's priority class
-    may fill it.  ``scaled`` buckets follow the scope's AIMD factor.
+    may fill it -- never less than the call's own ``amount`` when that fits
+    the capacity (see :func:`class_allowance`), so ``amount > allowed`` exactly
+    when the cost exceeds the capacity itself and can never fit.  ``scaled``
+    buckets follow the scope's AIMD factor.
     """
 
     scope: str
@@ -96,7 +100,8 @@ class Check:
 
     @property
     def never_fits(self) -> bool:
-        return self.amount > self.allowed
+        """The cost exceeds the capacity itself: no wait can make it fit."""
+        return self.amount > self.capacity
 
     def __repr__(self) -> str:
         return (
@@ -107,6 +112,19 @@ class Check:
 
 def _class_share(capacity: float, reserve: float, priority: Priority) -> float:
     return capacity * (1.0 - priority.rank * reserve)
+
+
+def class_allowance(share: float, amount: float, capacity: float) -> float:
+    """How far a call may fill a dimension: its class's ``share``, but at least its cost.
+
+    A lower class must leave the reserve free -- unless its cost alone is
+    more than its share (small limits: ``requests_per_minute=5, burst=0.1``
+    is a capacity of one request, of which ``scheduled`` may use 0.9).  Such
+    a call may fill up to its own cost, i.e. it waits until the dimension
+    is idle and then goes, instead of never fitting.  Only a cost above the
+    capacity itself never fits (the allowance then stays below the cost).
+    """
+    return max(share, min(amount, capacity))
 
 
 def build_checks(
@@ -134,7 +152,9 @@ def build_checks(
                 dimension=dimension,
                 kind=CheckKind.BUCKET,
                 capacity=capacity,
-                allowed=_class_share(capacity, spec.reserve, priority),
+                allowed=class_allowance(
+                    _class_share(capacity, spec.reserve, priority), float(amount), capacity
+                ),
                 amount=float(amount),
                 rate=limit / 60.0,
                 scaled=True,
@@ -146,7 +166,11 @@ def build_checks(
             "scope": scope,
             "dimension": Dimension.REQUESTS_PER_DAY,
             "capacity": float(limit),
-            "allowed": _class_share(float(limit), spec.reserve, priority),
+            "allowed": class_allowance(
+                _class_share(float(limit), spec.reserve, priority),
+                float(cost.requests),
+                float(limit),
+            ),
             "amount": float(cost.requests),
         }
         if spec.day_window == "fixed":
