@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -261,3 +262,31 @@ def test_shared_reservation_settles_on_redis_during_the_local_window(
     finally:
         client.close()
         limiter.close()
+
+
+def test_async_clients_of_many_loops_in_many_threads(redis_url: str) -> None:
+    """Loops in other threads create and prune clients at once: no 'changed size' error."""
+    backend = RedisBackend(redis_url)
+    errors: list[BaseException] = []
+
+    async def touch() -> None:
+        backend._async_scripts()  # builds this loop's client (connects lazily), prunes dead ones
+
+    def run() -> None:
+        try:
+            for _ in range(150):
+                asyncio.run(touch())  # each loop is closed afterwards: a dead entry to prune
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: make the race likely
+    try:
+        threads = [threading.Thread(target=run) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []

@@ -134,13 +134,18 @@ class RedisBackend:
 
     def _async_scripts(self) -> dict[str, AsyncScript]:
         loop = asyncio.get_running_loop()
-        entry = self._aclients.get(loop)
+        entry = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
         if entry is None:
-            for dead in [lp for lp in self._aclients if lp.is_closed()]:
-                del self._aclients[dead]  # its loop is gone; aclose() was not called
-            client = aredis.Redis.from_url(self._raw_url, **self._options)
-            scripts = {n: client.register_script(t) for n, t in self._texts.items()}
-            entry = self._aclients[loop] = (client, scripts)
+            # Event loops in other threads add and prune entries too: iterate and
+            # mutate the dict only under the lock.
+            with self._lock:
+                for dead in [lp for lp in self._aclients if lp.is_closed()]:
+                    del self._aclients[dead]  # its loop is gone; aclose() was not called
+                entry = self._aclients.get(loop)
+                if entry is None:
+                    client = aredis.Redis.from_url(self._raw_url, **self._options)
+                    scripts = {n: client.register_script(t) for n, t in self._texts.items()}
+                    entry = self._aclients[loop] = (client, scripts)
         return entry[1]
 
     def close(self) -> None:
@@ -152,9 +157,10 @@ class RedisBackend:
     async def aclose(self) -> None:
         """Close the async client of the running loop (and forget clients of closed loops)."""
         loop = asyncio.get_running_loop()
-        entry = self._aclients.pop(loop, None)
-        for dead in [lp for lp in self._aclients if lp.is_closed()]:
-            del self._aclients[dead]
+        with self._lock:
+            entry = self._aclients.pop(loop, None)
+            for dead in [lp for lp in self._aclients if lp.is_closed()]:
+                del self._aclients[dead]
         if entry is not None:
             await entry[0].aclose()
 
