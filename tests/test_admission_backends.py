@@ -290,3 +290,32 @@ def test_async_clients_of_many_loops_in_many_threads(redis_url: str) -> None:
     finally:
         sys.setswitchinterval(old)
     assert errors == []
+
+
+def test_redis_lease_expires_at_granted_at_plus_ttl_and_expired_leases_free_the_slot(
+    redis_url: str, redis_prefix: str
+) -> None:
+    spec = LimitSpec(concurrency=1, lease_ttl_secs=37)
+    limiter = Limiter.from_url(redis_url, prefix=redis_prefix, limits={"openai:gpt-5": spec})
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    leases = f"{redis_prefix}l:openai:gpt-5"
+    try:
+        r = limiter.try_reserve(ROUTE, Cost())
+        assert isinstance(r, Reservation) and r.lease_id is not None
+        assert client.zscore(leases, r.lease_id) == pytest.approx(r.granted_at + 37, abs=1e-6)
+        assert not limiter.try_reserve(ROUTE, Cost())  # the one slot is held
+        r.release()
+        # A lease left by a crashed holder, already past its expiry, holds nothing ...
+        seconds, micros = client.time()
+        server_now = seconds + micros / 1e6
+        client.zadd(leases, {"crashed-holder": server_now - 1.0})
+        fresh = limiter.try_reserve(ROUTE, Cost())
+        assert isinstance(fresh, Reservation)
+        assert client.zscore(leases, "crashed-holder") is None  # and it was swept
+        fresh.release()
+        # ... while one that has not expired yet does.
+        client.zadd(leases, {"live-holder": server_now + 30.0})
+        assert not limiter.try_reserve(ROUTE, Cost())
+    finally:
+        client.close()
+        limiter.close()
