@@ -1,23 +1,34 @@
-"""Stress: 8 processes × 50 concurrent callers share one Redis limiter; the log proves the bound.
+"""Stress: 8 processes × 50 concurrent callers share one Redis limiter; the logs prove the bound.
 
-Every worker process logs each grant independently of the limiter's counters:
-``("g", granted_at, tokens)`` with the Redis ``TIME`` the script decided at,
-and ``("s", settled_at, refund)`` when it settles.  The parent then checks:
+Every worker process logs each grant: ``("g", granted_at, tokens, before,
+after)`` with the Redis ``TIME`` the script decided at (the limiter's own
+report) and the worker's own wall clock read immediately before
+``try_reserve`` was called and immediately after it returned (independent of
+the limiter), and ``("s", granted_at, settled_at, refund)`` when it settles.
+The parent then checks:
 
-* requests and tokens: in every window ``[t_i, t_j]`` the net units admitted
-  are at most ``capacity + rate × (t_j - t_i)`` -- the exact bound of a
-  continuously refilled bucket (see ``rateloop/admission/gcra.py``), with
-  refunds counted as negative admissions at the time they were given back;
+* requests and tokens, on the limiter's times: in every window ``[t_i, t_j]``
+  the net units admitted are at most ``capacity + rate × (t_j - t_i)`` -- the
+  exact bound of a continuously refilled bucket (see
+  ``rateloop/admission/gcra.py``), with refunds counted as negative
+  admissions at the time they were given back;
+* requests, on the workers' independent times (see :func:`max_interval_excess`):
+  for every window ``[s, s + W]``, the grants whose ``[before, after]``
+  interval intersects it number at most ``capacity + rate × (W + 2M)``, where
+  ``M`` is the longest ``after - before`` of the run;
 * concurrency: at no instant are more leases held than the limit;
 * the fixed day window: never more grants than the day's limit.
 
-Half the workers use threads and ``reserve``, half asyncio tasks and
-``areserve``, so both drivers and both redis-py clients are exercised.
+Half the workers use threads and ``try_reserve``, half asyncio tasks and
+``atry_reserve`` (each waits ``retry_after`` itself, so the clock reads
+bracket exactly one admission), so both drivers and both redis-py clients are
+exercised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import multiprocessing as mp
 import random
@@ -30,7 +41,7 @@ import pytest
 
 from rateloop.admission.gcra import DAY
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.reservation import AdmissionTimeout, Reservation
+from rateloop.admission.reservation import Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 
@@ -58,8 +69,8 @@ def _caller_plan(rng: random.Random) -> tuple[Cost, int, float]:
     return cost, used_output, rng.uniform(0.0, 0.03)
 
 
-def _grant_line(r: Reservation) -> str:
-    return json.dumps(["g", r.granted_at, r.cost.tokens])
+def _grant_line(r: Reservation, before: float, after: float) -> str:
+    return json.dumps(["g", r.granted_at, r.cost.tokens, before, after])
 
 
 def _settle_line(r: Reservation, used_output: int) -> str:
@@ -71,11 +82,16 @@ def _thread_worker(limiter: Limiter, end: float, seed: int, out: list[str]) -> N
     rng = random.Random(seed)
     while True:
         cost, used_output, hold = _caller_plan(rng)
-        try:
-            r = limiter.reserve(ROUTE, cost, deadline=end)
-        except AdmissionTimeout:
-            return
-        out.append(_grant_line(r))
+        while True:
+            before = time.time()  # the worker's own clock, independent of the limiter
+            r = limiter.try_reserve(ROUTE, cost)
+            after = time.time()
+            if isinstance(r, Reservation):
+                break
+            if time.monotonic() + r.retry_after > end:
+                return
+            time.sleep(r.retry_after)
+        out.append(_grant_line(r, before, after))
         time.sleep(hold)  # the "call"
         r.settle(cost.input_tokens, used_output)
         out.append(_settle_line(r, used_output))
@@ -85,11 +101,16 @@ async def _task_worker(limiter: Limiter, end: float, seed: int, out: list[str]) 
     rng = random.Random(seed)
     while True:
         cost, used_output, hold = _caller_plan(rng)
-        try:
-            r = await limiter.areserve(ROUTE, cost, deadline=end)
-        except AdmissionTimeout:
-            return
-        out.append(_grant_line(r))
+        while True:
+            before = time.time()
+            r = await limiter.atry_reserve(ROUTE, cost)
+            after = time.time()
+            if isinstance(r, Reservation):
+                break
+            if time.monotonic() + r.retry_after > end:
+                return
+            await asyncio.sleep(r.retry_after)
+        out.append(_grant_line(r, before, after))
         await asyncio.sleep(hold)
         await r.asettle(cost.input_tokens, used_output)
         out.append(_settle_line(r, used_output))
@@ -144,6 +165,41 @@ def max_window_excess(events: list[tuple[float, float]], capacity: float, rate: 
     return worst
 
 
+def max_interval_excess(
+    intervals: list[tuple[float, float]], capacity: float, rate: float
+) -> float:
+    """Worst excess over the bound on independent clock reads, or <= 0 when it holds.
+
+    Each grant happened at some instant ``g`` inside its ``[before, after]``
+    interval (the script ran after the call was sent and before its reply came
+    back; every worker reads the same host clock).  A grant whose interval
+    intersects ``[s, e]`` therefore has ``g`` in ``[s - M, e + M]``, where
+    ``M`` is the longest interval, and the bucket admits at most
+    ``capacity + rate × (e - s + 2M)`` in that wider window.  This returns
+    ``max over s <= e of N(s, e) - capacity - rate × (e - s + 2M)``, where
+    ``N(s, e) = #{before <= e} - #{after < s}`` counts the intersecting
+    intervals (an interval ending before ``s`` also began before ``e``).  The
+    maximum is at ``e`` = some ``before`` and ``s`` = some ``after`` (or
+    ``s = e``), found by one sweep in O(n log n).
+    """
+    if not intervals:
+        return -capacity
+    longest = max(a - b for b, a in intervals)
+    befores = sorted(b for b, _ in intervals)
+    afters = sorted(a for _, a in intervals)
+    worst = -float("inf")
+    best_start = -float("inf")  # max over s <= e of rate × s - #{after < s}
+    k = 0
+    for j, e in enumerate(befores):
+        while k < len(afters) and afters[k] <= e:
+            best_start = max(best_start, rate * afters[k] - bisect.bisect_left(afters, afters[k]))
+            k += 1
+        start = max(best_start, rate * e - bisect.bisect_left(afters, e))
+        count_before = bisect.bisect_right(befores, e, lo=j)
+        worst = max(worst, count_before - rate * e + start)
+    return worst - capacity - 2 * rate * longest
+
+
 def max_overlap(intervals: list[tuple[float, float]]) -> int:
     events = [(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals]
     events.sort(key=lambda e: (e[0], e[1]))  # a release at the same instant comes first
@@ -178,13 +234,15 @@ def test_redis_limiter_under_8_processes_never_exceeds_any_limit(
     requests: list[tuple[float, float]] = []
     tokens: list[tuple[float, float]] = []
     leases: list[tuple[float, float]] = []
+    brackets: list[tuple[float, float]] = []  # the workers' own [before, after] per grant
     for log in logs:
         for line in log.read_text().splitlines():
             if not line:
                 continue
             record = json.loads(line)
             if record[0] == "g":
-                _, t, units = record
+                _, t, units, before, after = record
+                brackets.append((before, after))
                 requests.append((t, 1.0))
                 tokens.append((t, float(units)))
             else:
@@ -199,6 +257,13 @@ def test_redis_limiter_under_8_processes_never_exceeds_any_limit(
     assert max_window_excess(requests, 0.1 * REQUESTS_PER_MINUTE, REQUESTS_PER_MINUTE / 60) <= 1e-6
     assert max_window_excess(tokens, 0.1 * TOKENS_PER_MINUTE, TOKENS_PER_MINUTE / 60) <= 1e-6
     assert max_overlap(leases) <= CONCURRENCY
+    independent = max_interval_excess(brackets, 0.1 * REQUESTS_PER_MINUTE, REQUESTS_PER_MINUTE / 60)
+    assert independent <= 1e-6, independent
+    longest = max(a - b for b, a in brackets)
+    print(
+        f"independent clock: longest try_reserve {longest * 1000:.1f} ms, "
+        f"worst excess {independent:.3f} requests"
+    )
     print(
         f"{len(requests)} grants; worst window excess: requests "
         f"{max_window_excess(requests, 0.1 * REQUESTS_PER_MINUTE, REQUESTS_PER_MINUTE / 60):.3f}, "
@@ -217,5 +282,11 @@ def test_window_checkers_catch_violations() -> None:
     assert max_window_excess([(0.0, 5.0), (2.0, 5.0)], capacity=9, rate=1.0) < 0
     # the refund at the same instant cancels the first grant: 9 at 0.1 exactly fills it
     assert max_window_excess([(0.0, 5.0), (0.0, -5.0), (0.1, 9.0)], capacity=9, rate=1.0) == 0
+    # Independent intervals: 10 overlapping grants (all hold 0.09..0.1), capacity 5,
+    # rate 1/s, M = 0.1: the window [0.09, 0.09] sees 10 > 5 + 1 × (0 + 2 × 0.1).
+    burst = [(i * 0.01, i * 0.01 + 0.1) for i in range(10)]
+    assert max_interval_excess(burst, capacity=5, rate=1.0) == pytest.approx(10 - 5 - 0.2)
+    spread = [(float(i), i + 0.1) for i in range(10)]  # one a second: within rate 1/s
+    assert max_interval_excess(spread, capacity=1, rate=1.0) <= 0
     assert max_overlap([(0, 2), (1, 3), (2, 4)]) == 2
     assert max_overlap([(0, 2), (1, 3), (1.5, 4)]) == 3
