@@ -42,7 +42,11 @@ def test_readme_demo_in_a_real_subprocess() -> None:
     )
     assert signal["code"] == "insufficient_quota"
     assert signal["observed"][0] == {
-        "dimension": "requests", "limit": 500.0, "remaining": 499.0, "reset_after": 0.12
+        "dimension": "requests",
+        "limit": 500.0,
+        "remaining": 499.0,
+        "reset_after": 0.12,
+        "window": 60.0,
     }
 
 

@@ -80,3 +80,12 @@ def test_classify_corpus(case: dict[str, Any], now: datetime) -> None:
         assert math.isclose(actual["retry_after"], expected["retry_after"], abs_tol=1e-6)
         actual["retry_after"] = expected["retry_after"]
     assert actual == expected
+
+
+def test_an_explicit_provider_sets_the_window_of_its_headers() -> None:
+    from rateloop.classify import classify
+
+    headers = {"x-ratelimit-limit-requests": "1000", "x-ratelimit-remaining-requests": "0"}
+    (groq,) = classify(429, headers, provider="groq").observed
+    (openai,) = classify(429, headers, provider="openai").observed
+    assert (groq.window, openai.window) == (86_400.0, 60.0)  # Groq's request limit is per day

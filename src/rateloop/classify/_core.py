@@ -100,7 +100,7 @@ def _carries_error(ev: Evidence) -> bool:
 
 def signal_from(ev: Evidence) -> LimitSignal:
     """The signal for normalized evidence (provider already resolved)."""
-    observed: tuple[Observed, ...] = observe(ev.headers, ev.now)
+    observed: tuple[Observed, ...] = observe(ev.headers, ev.now, provider=ev.provider)
     finding: Finding | None = None
     if ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
         for rule in _ordered(ev.provider):

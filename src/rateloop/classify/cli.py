@@ -52,6 +52,7 @@ def signal_as_dict(signal: LimitSignal) -> dict[str, Any]:
                 "limit": o.limit,
                 "remaining": o.remaining,
                 "reset_after": o.reset_after,
+                "window": o.window,
             }
             for o in signal.observed
         ],
