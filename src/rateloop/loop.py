@@ -3,7 +3,7 @@
 How it works: one generator, :func:`_drive`, holds the whole algorithm of a
 call — admit, attempt, classify, decide, wait, fall back, settle, record.  It
 never does I/O itself.  Whenever it needs the outside world it *yields an
-effect* (``_Admit``, ``_Call``, ``_Sleep``, ``_Limiter``, ``_Check``) and
+effect* (``Admit``, ``Call``, ``Sleep``, ``LimiterCall``, ``Check``) and
 receives the result.  :class:`RateLoop` carries the effects out with blocking
 calls, :class:`AsyncRateLoop` with ``await``; that is the only difference
 between the twins (the pattern of httpx's ``auth_flow``).  The decisions
@@ -20,6 +20,20 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypedDict, TypeVar, Unpack, cast
 
 from rateloop._clock import Clock, system_clock
+from rateloop._effects import (
+    Admit,
+    Call,
+    Check,
+    Effect,
+    LimiterCall,
+    Raised,
+    Returned,
+    Sleep,
+    pause_until,
+    result_error,
+    sdk_retries,
+    usage_of,
+)
 from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
@@ -27,7 +41,7 @@ from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
 from rateloop.errors import RateLimitExhausted
 from rateloop.events import CapacityEvent, DecisionKind, EventSink
 from rateloop.fallback import build_chain
-from rateloop.integrations.sdk import counting_requests, sdk_retries_taken
+from rateloop.integrations.sdk import counting_requests
 from rateloop.outcome import AttemptLedger, Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
@@ -36,61 +50,13 @@ from rateloop.writes import WriteOutcome, is_ambiguous_failure, normalize_write_
 
 __all__ = ["AsyncRateLoop", "CallOptions", "RateLoop"]
 
+_Flow = Generator[Effect, Any, Outcome]
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 Priority = Literal["interactive", "scheduled", "background"]
 Classifier = Callable[[BaseException], LimitSignal]
-
-
-# --- effects: what the generator asks its driver to do -----------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Admit:
-    route: Route
-    cost: Cost
-    priority: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    route: Route
-
-
-@dataclass(frozen=True, slots=True)
-class _Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Limiter:
-    """Call ``method`` (sync) or ``a<method>`` (async) on ``target`` with ``args``."""
-
-    target: Any
-    method: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Check:
-    route: Route
-
-
-@dataclass(frozen=True, slots=True)
-class _Returned:
-    value: Any
-    requests: int = 0  # requests counted by helper-built SDK clients during the attempt
-
-
-@dataclass(frozen=True, slots=True)
-class _Raised:
-    error: BaseException
-    requests: int = 0
-
-
-_Effect = _Admit | _Call | _Sleep | _Limiter | _Check
-_Flow = Generator[_Effect, Any, Outcome]
 
 
 class CallOptions(TypedDict, total=False):
@@ -205,9 +171,9 @@ class _BaseRateLoop:
         for sink in self.sinks:
             sink(event)
 
-    def _signal_of(self, result: _Returned | _Raised) -> LimitSignal:
+    def _signal_of(self, result: Returned | Raised) -> LimitSignal:
         now = self.clock.now()
-        if isinstance(result, _Raised):
+        if isinstance(result, Raised):
             if self.classify is not None:
                 return self.classify(result.error)
             return classify_exception(result.error, now=now)
@@ -298,7 +264,7 @@ class _BaseRateLoop:
                 events=tuple(events),
             )
 
-        def wait_for(seconds: float, kind: DecisionKind, route: Route, reason: str) -> _Sleep:
+        def wait_for(seconds: float, kind: DecisionKind, route: Route, reason: str) -> Sleep:
             emit(
                 kind,
                 route=route,
@@ -306,7 +272,7 @@ class _BaseRateLoop:
                 next_attempt_at=clock.now() + timedelta(seconds=seconds),
                 reason=reason,
             )
-            return _Sleep(seconds)
+            return Sleep(seconds)
 
         while True:
             step = decide(state, None, policy, clock.monotonic())
@@ -319,7 +285,7 @@ class _BaseRateLoop:
             reservation = None
             if self.limiter is not None:
                 while True:
-                    granted = yield _Admit(route, spec.cost, spec.priority)
+                    granted = yield Admit(route, spec.cost, spec.priority)
                     if not isinstance(granted, Denied):
                         reservation = granted
                         break
@@ -352,59 +318,59 @@ class _BaseRateLoop:
             # Attempt.
             if not budget.record_attempt():  # another call of the run took the last one
                 if reservation is not None:
-                    yield _Limiter(reservation, "release", ())
+                    yield LimiterCall(reservation, "release", ())
                 return finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
             ledger.record_loop()
             state.route_attempts += 1
             try:
-                result = yield _Call(route)
+                result = yield Call(route)
             except BaseException:
                 # Interrupted inside the attempt (KeyboardInterrupt, task cancelled):
                 # give the capacity back before the interruption goes on.
                 if reservation is not None:
-                    yield _Limiter(reservation, "release", ())
+                    yield LimiterCall(reservation, "release", ())
                 raise
-            ledger.record_sdk(_sdk_retries(result))
+            ledger.record_sdk(sdk_retries(result))
             try:
                 signal = self._signal_of(result)
             except Exception:
                 if reservation is not None:
-                    yield _Limiter(reservation, "release", ())
+                    yield LimiterCall(reservation, "release", ())
                 raise
             now = clock.monotonic()
 
             # Settle, observe and pause: tell admission what the provider said.
             if reservation is not None:
                 if signal.kind is Kind.OK:
-                    usage = _usage(result)
+                    usage = usage_of(result)
                     if usage is not None:
-                        yield _Limiter(reservation, "settle", usage)
+                        yield LimiterCall(reservation, "settle", usage)
                     else:
-                        yield _Limiter(
+                        yield LimiterCall(
                             reservation,
                             "settle",
                             (spec.cost.input_tokens, spec.cost.output_tokens),
                         )
                 else:
-                    yield _Limiter(reservation, "release", ())
+                    yield LimiterCall(reservation, "release", ())
             if self.limiter is not None:
                 # The provider speaks for the scope it limits (the project), every tenant included.
                 scope = route.provider_scope
                 if signal.observed or signal.kind is Kind.TEMPORARY:
-                    yield _Limiter(self.limiter, "observe", (scope, signal))
-                until = _pause_until(signal, clock.now())
+                    yield LimiterCall(self.limiter, "observe", (scope, signal))
+                until = pause_until(signal, clock.now())
                 if until is not None:
-                    yield _Limiter(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
+                    yield LimiterCall(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
 
             if signal.kind is Kind.OK:
-                value = result.value if isinstance(result, _Returned) else None
+                value = result.value if isinstance(result, Returned) else None
                 stop = decide(state, signal, policy, now)
                 assert isinstance(stop, Stop)
                 return finish(stop.status, stop.reason, value=value)
 
             # An exception no classifier recognises is a bug, not a refusal: surface it.
             if (
-                isinstance(result, _Raised)
+                isinstance(result, Raised)
                 and signal.kind is Kind.UNKNOWN
                 and policy.trigger_scope != "all"
             ):
@@ -421,7 +387,7 @@ class _BaseRateLoop:
                         "unknown_outcome: the write may have taken effect and there is no "
                         "outcome_check",
                     )
-                verdict = normalize_write_outcome((yield _Check(route)))
+                verdict = normalize_write_outcome((yield Check(route)))
                 if verdict is WriteOutcome.APPLIED:
                     status = Status.COMPLETED if state.index == 0 else Status.DEGRADED
                     return finish(status, "the write took effect (confirmed by outcome_check)")
@@ -472,67 +438,6 @@ class _BaseRateLoop:
         if outcome.status is Status.FAILED_RETRY_EXHAUSTED and policy.on_exhausted == "soft":
             return outcome
         raise RateLimitExhausted(outcome)
-
-
-def _pause_until(signal: LimitSignal, now: datetime) -> datetime | None:
-    """Until when a signal with a server minimum holds its whole scope, for every worker."""
-    if signal.kind in (Kind.TEMPORARY, Kind.OVERLOAD) and signal.retry_after:
-        return now + timedelta(seconds=signal.retry_after)
-    if signal.kind is Kind.PERIOD_QUOTA:
-        # An empty day window: no worker should spend a request to find that out.
-        if signal.reset_at is not None and signal.reset_at > now:
-            return signal.reset_at
-        if signal.retry_after:
-            return now + timedelta(seconds=signal.retry_after)
-    return None
-
-
-def result_error(result: _Returned | _Raised) -> BaseException | None:
-    return result.error if isinstance(result, _Raised) else None
-
-
-def _sdk_retries(result: _Returned | _Raised) -> int:
-    """Retries an SDK took inside one of our attempts, when it tells us."""
-    if result.requests > 0:
-        return result.requests - 1
-    target = result.error if isinstance(result, _Raised) else result.value
-    return sdk_retries_taken(target)
-
-
-def _usage(result: _Returned | _Raised) -> tuple[int, int] | None:
-    """(input_tokens, output_tokens) reported by a successful response, if any."""
-    if not isinstance(result, _Returned):
-        return None
-    value = result.value
-    usage = getattr(value, "usage", None) or getattr(value, "usage_metadata", None)
-    if usage is None and isinstance(value, dict):
-        usage = value.get("usage") or value.get("usageMetadata")
-    if usage is None and isinstance(getattr(value, "status_code", None), int):
-        # An HTTP response (httpx, requests): the usage is in its JSON body.
-        try:
-            body = value.json()
-        except Exception:
-            body = None
-        if isinstance(body, dict):
-            usage = body.get("usage") or body.get("usageMetadata")
-    if usage is None:
-        return None
-
-    def field(*names: str) -> int | None:
-        for name in names:
-            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return None
-
-    # OpenAI, Anthropic, and Gemini (google-genai attributes, REST camelCase).
-    inp = field("input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount")
-    out = field(
-        "output_tokens", "completion_tokens", "candidates_token_count", "candidatesTokenCount"
-    )
-    if inp is None and out is None:
-        return None
-    return (inp or 0, out or 0)
 
 
 # --- the sync driver ---------------------------------------------------------------
@@ -606,13 +511,13 @@ class RateLoop(_BaseRateLoop):
 
         return decorate
 
-    def _perform(self, effect: _Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
-        if isinstance(effect, _Call):
+    def _perform(self, effect: Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
+        if isinstance(effect, Call):
             with counting_requests() as sent:
                 try:
                     value = fn(effect.route, **spec.fn_kwargs)
                 except Exception as exc:
-                    return _Raised(exc, sent[0])
+                    return Raised(exc, sent[0])
             if inspect.isawaitable(value):
                 close = getattr(value, "close", None)
                 if close is not None:
@@ -620,13 +525,13 @@ class RateLoop(_BaseRateLoop):
                 raise TypeError(
                     "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
                 )
-            return _Returned(value, sent[0])
-        if isinstance(effect, _Sleep):
+            return Returned(value, sent[0])
+        if isinstance(effect, Sleep):
             self.clock.sleep(effect.seconds)
             return None
-        if isinstance(effect, _Admit):
+        if isinstance(effect, Admit):
             return self.limiter.try_reserve(effect.route, effect.cost, priority=effect.priority)
-        if isinstance(effect, _Limiter):
+        if isinstance(effect, LimiterCall):
             return getattr(effect.target, effect.method)(*effect.args)
         assert spec.outcome_check is not None
         return spec.outcome_check(effect.route)
@@ -680,24 +585,24 @@ class AsyncRateLoop(_BaseRateLoop):
 
         return decorate
 
-    async def _perform(self, effect: _Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
-        if isinstance(effect, _Call):
+    async def _perform(self, effect: Effect, fn: Callable[..., Any], spec: _CallSpec) -> Any:
+        if isinstance(effect, Call):
             with counting_requests() as sent:
                 try:
                     value = fn(effect.route, **spec.fn_kwargs)
                     if inspect.isawaitable(value):
                         value = await value
                 except Exception as exc:
-                    return _Raised(exc, sent[0])
-            return _Returned(value, sent[0])
-        if isinstance(effect, _Sleep):
+                    return Raised(exc, sent[0])
+            return Returned(value, sent[0])
+        if isinstance(effect, Sleep):
             await self.clock.asleep(effect.seconds)
             return None
-        if isinstance(effect, _Admit):
+        if isinstance(effect, Admit):
             return await self.limiter.atry_reserve(
                 effect.route, effect.cost, priority=effect.priority
             )
-        if isinstance(effect, _Limiter):
+        if isinstance(effect, LimiterCall):
             return await getattr(effect.target, "a" + effect.method)(*effect.args)
         assert spec.outcome_check is not None
         verdict = spec.outcome_check(effect.route)
