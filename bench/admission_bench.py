@@ -3,7 +3,7 @@
 Usage::
 
     python bench/admission_bench.py [--n 20000] [--n-redis 5000] [--repeat 3]
-        [--redis redis://127.0.0.1:6379/0] [--json out.json]
+        [--backends memory,redis] [--redis redis://127.0.0.1:6379/0] [--json out.json]
 
 Each case admits ``n`` calls in a tight single-threaded loop with limits so
 high that nothing is denied, so the number measured is the cost of one
@@ -187,6 +187,35 @@ def pyrate_case(
     return admit
 
 
+def memory_cases(dims: int, prefix: str) -> list[tuple[str, Callable[[], object]]]:
+    return [
+        ("rateloop", rateloop_case("memory://", dims, prefix)),
+        ("limits MovingWindow", limits_case("memory://", "moving", dims, prefix)),
+        ("limits FixedWindow", limits_case("memory://", "fixed", dims, prefix)),
+        ("limits SlidingWindowCounter", limits_case("memory://", "sliding", dims, prefix)),
+        ("pyrate-limiter InMemoryBucket", pyrate_case("memory-log", dims, None, prefix)),
+        ("pyrate-limiter GCRA StateBucket", pyrate_case("memory-gcra", dims, None, prefix)),
+    ]
+
+
+def redis_cases(url: str, dims: int, prefix: str) -> list[tuple[str, Callable[[], object]]]:
+    pyrate_client = redis.Redis.from_url(url, connection_class=CountingConnection)
+    return [
+        ("rateloop", rateloop_case(url, dims, f"{prefix}rl{dims}:")),
+        ("limits MovingWindow", limits_case(url, "moving", dims, f"{prefix}mw{dims}")),
+        ("limits FixedWindow", limits_case(url, "fixed", dims, f"{prefix}fw{dims}")),
+        ("limits SlidingWindowCounter", limits_case(url, "sliding", dims, f"{prefix}sw{dims}")),
+        (
+            "pyrate-limiter RedisBucket",
+            pyrate_case("redis-log", dims, pyrate_client, f"{prefix}pl{dims}:"),
+        ),
+        (
+            "pyrate-limiter GCRA RedisStateStore",
+            pyrate_case("redis-gcra", dims, pyrate_client, f"{prefix}pg{dims}:"),
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -195,75 +224,38 @@ def main() -> None:
     parser.add_argument("--n-redis", type=int, default=5_000, help="admissions per Redis case")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
+    parser.add_argument(
+        "--backends",
+        default="memory,redis",
+        help="comma-separated backends to measure (memory, redis); default both",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    backends = {b.strip() for b in args.backends.split(",") if b.strip()}
+    if not backends or not backends <= {"memory", "redis"}:
+        parser.error(f"--backends must name memory and/or redis, got {args.backends!r}")
 
     prefix = f"rateloop-bench:{uuid.uuid4().hex[:8]}:"
-    rclient = redis.Redis.from_url(args.redis)  # for INFO and cleanup: not counted
-    pyrate_client = redis.Redis.from_url(args.redis, connection_class=CountingConnection)
     results: list[Result] = []
-    try:
+    if "memory" in backends:
         for dims in (1, 3):
-            mem = [
-                ("rateloop", "memory", rateloop_case("memory://", dims, prefix)),
-                ("limits MovingWindow", "memory", limits_case("memory://", "moving", dims, prefix)),
-                ("limits FixedWindow", "memory", limits_case("memory://", "fixed", dims, prefix)),
-                (
-                    "limits SlidingWindowCounter",
-                    "memory",
-                    limits_case("memory://", "sliding", dims, prefix),
-                ),
-                (
-                    "pyrate-limiter InMemoryBucket",
-                    "memory",
-                    pyrate_case("memory-log", dims, None, prefix),
-                ),
-                (
-                    "pyrate-limiter GCRA StateBucket",
-                    "memory",
-                    pyrate_case("memory-gcra", dims, None, prefix),
-                ),
-            ]
-            red = [
-                ("rateloop", "redis", rateloop_case(args.redis, dims, f"{prefix}rl{dims}:")),
-                (
-                    "limits MovingWindow",
-                    "redis",
-                    limits_case(args.redis, "moving", dims, f"{prefix}mw{dims}"),
-                ),
-                (
-                    "limits FixedWindow",
-                    "redis",
-                    limits_case(args.redis, "fixed", dims, f"{prefix}fw{dims}"),
-                ),
-                (
-                    "limits SlidingWindowCounter",
-                    "redis",
-                    limits_case(args.redis, "sliding", dims, f"{prefix}sw{dims}"),
-                ),
-                (
-                    "pyrate-limiter RedisBucket",
-                    "redis",
-                    pyrate_case("redis-log", dims, pyrate_client, f"{prefix}pl{dims}:"),
-                ),
-                (
-                    "pyrate-limiter GCRA RedisStateStore",
-                    "redis",
-                    pyrate_case("redis-gcra", dims, pyrate_client, f"{prefix}pg{dims}:"),
-                ),
-            ]
-            for name, backend, admit in mem:
-                results.append(measure(name, backend, dims, admit, args.n, None, args.repeat))
-            for name, backend, admit in red:
-                results.append(
-                    measure(name, backend, dims, admit, args.n_redis, rclient, args.repeat)
-                )
-    finally:
-        keys = list(rclient.scan_iter(match=f"{prefix}*", count=1000))
-        keys += list(rclient.scan_iter(match=f"*{prefix}*", count=1000))
-        if keys:
-            rclient.delete(*set(keys))
-        rclient.close()
+            for name, admit in memory_cases(dims, prefix):
+                results.append(measure(name, "memory", dims, admit, args.n, None, args.repeat))
+    if "redis" in backends:
+        rclient = redis.Redis.from_url(args.redis)  # for INFO and cleanup: not counted
+        try:
+            for dims in (1, 3):
+                for name, admit in redis_cases(args.redis, dims, prefix):
+                    results.append(
+                        measure(name, "redis", dims, admit, args.n_redis, rclient, args.repeat)
+                    )
+        finally:
+            keys = list(rclient.scan_iter(match=f"{prefix}*", count=1000))
+            keys += list(rclient.scan_iter(match=f"*{prefix}*", count=1000))
+            if keys:
+                rclient.delete(*set(keys))
+            rclient.close()
+    results.sort(key=lambda r: (r.dims, r.backend != "memory"))  # the table's usual order
 
     print(
         f"{'case':38} {'backend':7} {'dims':>4} {'adm/s':>9} {'rateloop/it':>11} "
