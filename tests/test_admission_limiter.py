@@ -9,6 +9,8 @@ from datetime import timedelta
 import pytest
 
 from rateloop.admission.limiter import Limiter
+from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.plan import Priority
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -151,6 +153,45 @@ def test_concurrency_leases_are_released_and_expire(clock: FakeClock) -> None:
     # b's holder "crashed": its lease expires after the TTL.
     clock.advance(30.001)
     assert limiter.try_reserve(ROUTE, Cost())
+
+
+def test_expired_leases_are_swept_when_the_slots_fill(clock: FakeClock) -> None:
+    """Memory backend: leases are scanned only when the held ones fill the slots.
+
+    Holders that never settle (crashed) leave their leases behind; each one
+    stops counting at its expiry, and the backend keeps no more of them than
+    the slots plus those granted since the last sweep.
+    """
+    limiter = make(clock, **{"openai:gpt-5": LimitSpec(concurrency=3, lease_ttl_secs=10)})
+    granted = 0
+    for _ in range(60):
+        r = limiter.try_reserve(ROUTE, Cost())
+        if isinstance(r, Reservation):
+            granted += 1  # never settled: only its expiry frees the slot
+        else:
+            assert r.dimension is Dimension.CONCURRENCY
+            assert 0 < r.retry_after <= 0.05
+        clock.advance(1.0)
+        backend = limiter.backend
+        assert isinstance(backend, MemoryBackend)
+        assert len(backend._scopes["openai:gpt-5"].leases) <= 3
+    # 3 slots, each lease lives 10 s: 3 grants per 10 s (every grant at an expiry).
+    assert 3 * 60 // 10 - 3 <= granted <= 3 * 60 // 10 + 3
+
+
+def test_priority_given_as_str_or_enum_admits_the_same(clock: FakeClock) -> None:
+    limiter = make(
+        clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=10, burst=1.0, reserve=0.1)}
+    )
+    cost = Cost()
+    for priority in ("background", Priority.BACKGROUND) * 4:  # the same call, twice as fast
+        assert limiter.try_reserve(ROUTE, cost, priority=priority)
+    # background may fill 80 % of 10: the 9th is refused, whichever spelling.
+    assert not limiter.try_reserve(ROUTE, cost, priority="background")
+    assert not limiter.try_reserve(ROUTE, cost, priority=Priority.BACKGROUND)
+    assert limiter.try_reserve(ROUTE, cost, priority="scheduled")
+    with pytest.raises(ValueError, match="urgent"):
+        limiter.try_reserve(ROUTE, cost, priority="urgent")
 
 
 def test_fixed_day_window_resets_at_the_configured_utc_time() -> None:

@@ -12,7 +12,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rateloop.admission.gcra import bucket_wait, day_window, drained, pause_spread
+from rateloop.admission.gcra import bucket_fit, bucket_wait, day_window, drained, pause_spread
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
 from rateloop.admission.spec import LimitSpec
@@ -69,6 +69,28 @@ def test_bucket_never_admits_more_than_its_bound(
                 sooner = drained(level, ts, now + wait - 1e-3, rate)
                 assert bucket_wait(sooner, amount, capacity, rate) > 0
     assert worst_window_excess(grants, capacity, rate) <= EPS
+
+
+finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
+
+
+@given(
+    level=finite,
+    ts=finite,
+    now=finite,
+    rate=st.floats(min_value=1e-6, max_value=1e6, allow_nan=False),
+    amount=st.floats(min_value=0.0, max_value=1e4, allow_nan=False),
+    allowed=finite,
+)
+def test_bucket_fit_is_drained_then_bucket_wait(
+    level: float, ts: float, now: float, rate: float, amount: float, allowed: float
+) -> None:
+    """The memory backend's fused hot-path call is exactly the two functions it replaces."""
+    current = drained(level, ts, now, rate)
+    assert bucket_fit(level, ts, now, rate, amount, allowed) == (
+        current,
+        bucket_wait(current, amount, allowed, rate),
+    )
 
 
 @settings(max_examples=100, deadline=None)

@@ -40,6 +40,7 @@ __all__ = [
     "DAY",
     "LEASE_POLL_SECONDS",
     "Bucket",
+    "bucket_fit",
     "bucket_wait",
     "day_window",
     "drained",
@@ -106,6 +107,23 @@ def bucket_wait(level_now: float, amount: float, allowed: float, rate: float) ->
     if over <= 0:
         return 0.0
     return over / rate
+
+
+def bucket_fit(
+    level: float, ts: float, now: float, rate: float, amount: float, allowed: float
+) -> tuple[float, float]:
+    """``(drained(level, ts, now, rate), bucket_wait(that, amount, allowed, rate))`` in one call.
+
+    The admission hot path needs both; one call instead of two (and no
+    ``max``) is about a third of the cost.  A property test holds it equal
+    to the two functions it fuses.
+    """
+    elapsed = now - ts
+    if elapsed > 0.0:
+        level -= elapsed * rate
+    level = level if level > 0.0 else 0.0  # max(0.0, level), without the call
+    over = level + amount - allowed
+    return level, (over / rate if over > 0.0 else 0.0)
 
 
 def day_window(wall: float, offset: float) -> tuple[int, float]:

@@ -79,18 +79,23 @@ class _Sleep:
 
 
 _Step = _Do | _Sleep
-_Done = tuple[object, object, bool]  # (result, the op actually run, ran locally)
+#: (result, the op actually run, ran locally).  ``Any``: the result's type is the
+#: op's (an AdmitResult for an AdmitOp, ...); typed where it is read, not cast at run time.
+_Done = tuple[Any, Any, bool]
 _Flow = Generator[_Step, Any, T]
 
 
 class _Plan:
     """A call's checks, whether it can ever fit, and its operation when no lease is needed."""
 
-    __slots__ = ("checks", "lease_scope", "never", "op", "scopes")
+    __slots__ = ("checks", "lease_scope", "never", "op", "priority", "scopes")
 
-    def __init__(self, scopes: tuple[str, ...], checks: tuple[Check, ...], aimd: AIMD) -> None:
+    def __init__(
+        self, scopes: tuple[str, ...], checks: tuple[Check, ...], priority: Priority, aimd: AIMD
+    ) -> None:
         self.scopes = scopes
         self.checks = checks
+        self.priority = priority
         self.never = next((c for c in checks if c.never_fits), None)
         self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
         self.op = (
@@ -100,8 +105,9 @@ class _Plan:
         )
 
 
-_NO_PLAN = _Plan((), (), AIMD())
+_NO_PLAN = _Plan((), (), Priority.INTERACTIVE, AIMD())
 _PLAN_CACHE_SIZE = 4096
+_NEVER = -math.inf  # ``_local_until`` of a limiter that never fell back
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 
 
@@ -172,7 +178,7 @@ class Limiter:
         self._on_unreachable = on_unreachable
         self._local_share = float(local_share)
         self._local: MemoryBackend | None = None
-        self._local_until = -math.inf
+        self._local_until = _NEVER
         self.aimd = aimd or AIMD()
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
@@ -278,28 +284,36 @@ class Limiter:
         """The configured limits (a copy)."""
         return dict(self._limits)
 
-    def _plan(self, route: Route, cost: Cost, priority: Priority) -> _Plan:
-        """The checks of a call, built once per (route, cost, priority) and cached."""
-        last = self._last_plan  # the same call again (a loop): skip hashing the route
+    def _plan(self, route: Route, cost: Cost, priority: str | Priority) -> _Plan:
+        """The checks of a call, built once per (route, cost, priority) and cached.
+
+        The same call again (a loop) is recognised by identity -- the route,
+        the cost and the priority argument as given -- which skips hashing the
+        route and parsing the priority.  ``_last_plan`` is replaced only under
+        ``_lock`` and checked against the generation there, so a plan built
+        from limits that changed meanwhile is never remembered.
+        """
+        last = self._last_plan
         if last[0] is route and last[1] is cost and last[2] is priority:
             return last[3]
-        key = (route, cost, priority)
+        prio = _PRIORITIES.get(priority) or Priority.parse(priority)
+        key = (route, cost, prio)
         plan = self._plans.get(key)
+        generation = self._generation
         if plan is None:
-            generation = self._generation
             checks: list[Check] = []
             for scope in route.scopes:
                 spec = self.limits_for(scope)
                 if spec is not None:
-                    checks.extend(build_checks(scope, spec, cost, priority))
-            plan = _Plan(route.scopes, tuple(checks), self.aimd)
-            with self._lock:
-                if generation != self._generation:  # limits changed meanwhile
-                    return plan
-                if len(self._plans) >= _PLAN_CACHE_SIZE:
-                    self._plans.clear()
-                self._plans[key] = plan
-        self._last_plan = (route, cost, priority, plan)
+                    checks.extend(build_checks(scope, spec, cost, prio))
+            plan = _Plan(route.scopes, tuple(checks), prio, self.aimd)
+        with self._lock:
+            if generation != self._generation:  # limits changed meanwhile
+                return plan
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.clear()
+            self._plans[key] = plan
+            self._last_plan = (route, cost, priority, plan)
         return plan
 
     def _forget_plans(self) -> None:
@@ -312,10 +326,9 @@ class Limiter:
 
     def _admit_op(
         self, route: Route, cost: Cost, priority: str | Priority
-    ) -> tuple[_Plan, Priority, AdmitOp] | Denied:
+    ) -> tuple[_Plan, AdmitOp] | Denied:
         """First half of an admission: the operation to run, or a denial needing none."""
-        prio = _PRIORITIES.get(priority) or Priority.parse(priority)
-        plan = self._plan(route, cost, prio)
+        plan = self._plan(route, cost, priority)
         if plan.never is not None:  # no state can change this: no round trip
             return self._never_fits(plan.never)
         op = plan.op
@@ -326,26 +339,25 @@ class Limiter:
                 lease_id=f"{self._lease_prefix}{next(self._lease_counter)}",
                 aimd=self.aimd,
             )
-        return plan, prio, op
+        return plan, op
 
     def _admit_outcome(
-        self, route: Route, cost: Cost, prepared: tuple[_Plan, Priority, AdmitOp], done: _Done
+        self, route: Route, cost: Cost, plan: _Plan, done: _Done
     ) -> Reservation | Denied:
-        """Second half: interpret the backend's answer."""
-        plan, prio, _ = prepared
-        result, ran, local = done
-        assert isinstance(result, AdmitResult) and isinstance(ran, AdmitOp)
+        """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
+        result: AdmitResult = done[0]
+        ran: AdmitOp = done[1]
         if result.granted:
             return Reservation(
                 self,
                 route,
                 cost,
-                prio,
+                plan.priority,
                 ran.checks,
                 ran.lease_id,
                 plan.lease_scope,
                 result.now,
-                local,
+                done[2],
             )
         if result.never_fits:  # the local share can be smaller than a cost
             check = next(
@@ -360,8 +372,9 @@ class Limiter:
         prepared = self._admit_op(route, cost, priority)
         if isinstance(prepared, Denied):
             return prepared
-        done = yield _Do(prepared[2])
-        return self._admit_outcome(route, cost, prepared, done)
+        plan, op = prepared
+        done = yield _Do(op)
+        return self._admit_outcome(route, cost, plan, done)
 
     def _never_fits(self, check: Check) -> Denied:
         return Denied(
@@ -459,9 +472,7 @@ class Limiter:
         )
         lower = signal.kind is Kind.TEMPORARY
         if target is not None and (tightenings or lower):
-            yield _Do(
-                ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd)
-            )
+            yield _Do(ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd))
 
     def _learn(self, scope: str, signal: LimitSignal) -> None:
         """Zero-config: take limits from the provider's headers when none are configured.
@@ -494,10 +505,13 @@ class Limiter:
                 self._local = MemoryBackend(self._clock)
             return self._local
 
-    def _prefer_local(self, local: bool) -> bool:
-        if local:
-            return True
-        return self._local_until > -math.inf and self._clock.monotonic() < self._local_until
+    def _shared_after_fallback(self, op: object) -> bool:
+        """After a fallback: run ``op`` on the shared backend?
+
+        A settle always is (it belongs where it was granted); anything else
+        once :data:`LOCAL_RETRY_SECONDS` have passed.
+        """
+        return isinstance(op, SettleOp) or self._clock.monotonic() >= self._local_until
 
     def _fallback(self, exc: BackendUnreachable) -> None:
         if self._on_unreachable != "local":
@@ -505,25 +519,24 @@ class Limiter:
         self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
 
     def _execute(self, op: object, local: bool = False) -> _Done:
-        shared_settle = not local and isinstance(op, SettleOp)
-        if shared_settle or not self._prefer_local(local):
+        # The first test is the common case: never fallen back, no clock read.
+        if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
                 return self._backend.execute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
-                if shared_settle:
+                if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
         scaled = _scaled_op(op, self._local_share)
         return self._local_backend().execute(scaled), scaled, True
 
     async def _aexecute(self, op: object, local: bool = False) -> _Done:
-        shared_settle = not local and isinstance(op, SettleOp)
-        if shared_settle or not self._prefer_local(local):
+        if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
                 return await self._backend.aexecute(op), op, False
             except BackendUnreachable as exc:
                 self._fallback(exc)
-                if shared_settle:
+                if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
         scaled = _scaled_op(op, self._local_share)
         return await self._local_backend().aexecute(scaled), scaled, True
@@ -584,7 +597,8 @@ class Limiter:
         prepared = self._admit_op(route, cost, priority)
         if isinstance(prepared, Denied):
             return prepared
-        return self._admit_outcome(route, cost, prepared, self._execute(prepared[2]))
+        plan, op = prepared
+        return self._admit_outcome(route, cost, plan, self._execute(op))
 
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
@@ -592,8 +606,8 @@ class Limiter:
         prepared = self._admit_op(route, cost, priority)
         if isinstance(prepared, Denied):
             return prepared
-        done = await self._aexecute(prepared[2])
-        return self._admit_outcome(route, cost, prepared, done)
+        plan, op = prepared
+        return self._admit_outcome(route, cost, plan, await self._aexecute(op))
 
     def reserve(
         self,

@@ -19,7 +19,7 @@ from rateloop.admission.gcra import (
     AIMD,
     LEASE_POLL_SECONDS,
     Bucket,
-    bucket_wait,
+    bucket_fit,
     day_window,
     drained,
     effective_factor,
@@ -41,6 +41,7 @@ __all__ = ["MemoryBackend"]
 
 _BUCKET = CheckKind.BUCKET
 _DAY = CheckKind.DAY
+_new_tuple = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -68,11 +69,30 @@ class _Scope:
         return factor
 
 
+def _lease_wait(state: _Scope, now: float, allowed: float) -> float:
+    """Seconds until one more lease fits ``allowed`` slots (0: it fits now).
+
+    Expired leases are dropped only when the held ones (live or not) fill
+    the slots: while they do not, the call fits whatever has expired, so the
+    common case costs no scan.  The dict thus never holds more than
+    ``allowed`` leases plus those granted since the last scan.
+    """
+    leases = state.leases
+    if len(leases) + 1 <= allowed:
+        return 0.0
+    live = {lid: exp for lid, exp in leases.items() if exp > now}
+    state.leases = live
+    if len(live) + 1 <= allowed:
+        return 0.0
+    return max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
+
+
 class MemoryBackend:
     """Limiter state in this process only (``memory://``)."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or system_clock
+        self._monotonic = self._clock.monotonic  # bound once: read on every operation
         self._lock = threading.Lock()
         self._scopes: dict[str, _Scope] = {}
 
@@ -84,8 +104,11 @@ class MemoryBackend:
     # -- the Backend protocol -------------------------------------------------
 
     def execute(self, op: object) -> object:
-        now = self._clock.monotonic()
-        with self._lock:
+        now = self._monotonic()
+        lock = self._lock
+        # acquire/release rather than ``with``: half the cost on the hot path, same guarantee.
+        lock.acquire()
+        try:
             if type(op) is AdmitOp:
                 return self._admit(op, now)
             if isinstance(op, SettleOp):
@@ -94,6 +117,8 @@ class MemoryBackend:
                 return self._pause(op, now)
             if isinstance(op, ObserveOp):
                 return self._observe(op, now, self._clock.now().timestamp())
+        finally:
+            lock.release()
         raise TypeError(f"MemoryBackend cannot execute {op!r}")
 
     async def aexecute(self, op: object) -> object:
@@ -119,7 +144,12 @@ class MemoryBackend:
         return check.rate * state.factor_at(now, aimd)
 
     def _admit(self, op: AdmitOp, now: float) -> AdmitResult:
-        """Compute every wait first; apply only when all are zero.  (The hot path.)"""
+        """Compute every wait first; apply only when all are zero.  (The hot path.)
+
+        Written for speed: locals instead of repeated attribute loads, the
+        fused :func:`bucket_fit`, and the granted result built with
+        ``tuple.__new__`` (a NamedTuple's own constructor is Python code).
+        """
         scopes = self._scopes
         wait = 0.0
         blame: tuple[str, Dimension | None, str | None] | None = None
@@ -131,7 +161,8 @@ class MemoryBackend:
         wall: float | None = None
         staged: list[tuple[Check, _Scope, Any, float, int]] = []
         for check in op.checks:
-            if check.amount > check.allowed:
+            amount = check.amount
+            if amount > check.allowed:
                 return AdmitResult(
                     granted=False,
                     now=now,
@@ -146,13 +177,12 @@ class MemoryBackend:
                 if bucket is None:
                     bucket = state.buckets[check.dimension] = Bucket()
                 rate = check.rate
-                if check.scaled and state.factor < 1.0:
+                if state.factor < 1.0 and check.scaled:
                     rate *= state.factor_at(now, op.aimd)
-                level = drained(bucket.level, bucket.ts, now, rate)
-                w = bucket_wait(level, check.amount, check.allowed, rate)
-                if bucket.blocked_until > now:
-                    w = max(w, bucket.blocked_until - now)
-                staged.append((check, state, bucket, level, 0))
+                level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, check.allowed)
+                if bucket.blocked_until > now and bucket.blocked_until - now > w:
+                    w = bucket.blocked_until - now
+                staged.append((check, state, bucket, level + amount, 0))
             elif kind is _DAY:
                 day = state.days.get(check.dimension)
                 if day is None:
@@ -161,15 +191,11 @@ class MemoryBackend:
                     wall = self._clock.now().timestamp()
                 index, end = day_window(wall, check.offset)
                 count = day.count if day.index == index else 0.0
-                w = end - wall if count + check.amount > check.allowed else 0.0
+                w = end - wall if count + amount > check.allowed else 0.0
                 w = max(w, day.blocked_until - now)
-                staged.append((check, state, day, count + check.amount, index))
+                staged.append((check, state, day, count + amount, index))
             else:
-                live = {lid: exp for lid, exp in state.leases.items() if exp > now}
-                state.leases = live
-                w = 0.0
-                if len(live) + 1 > check.allowed:
-                    w = max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
+                w = _lease_wait(state, now, check.allowed)
                 staged.append((check, state, None, 0.0, 0))
             if w > wait:
                 wait = w
@@ -189,12 +215,12 @@ class MemoryBackend:
                 if op.lease_id is not None:
                     state.leases[op.lease_id] = now + check.ttl
             elif type(slot) is Bucket:
-                slot.level = value + check.amount
+                slot.level = value
                 slot.ts = now
             else:
                 slot.count = value
                 slot.index = index
-        return AdmitResult(True, now)
+        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None))
 
     def _settle(self, op: SettleOp, now: float) -> float:
         for adj in op.adjustments:
