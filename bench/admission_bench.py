@@ -3,7 +3,8 @@
 Usage::
 
     python bench/admission_bench.py [--n 20000] [--n-redis 5000] [--repeat 3]
-        [--backends memory,redis] [--redis redis://127.0.0.1:6379/0] [--json out.json]
+        [--backends memory,redis] [--paths-only] [--redis redis://127.0.0.1:6379/0]
+        [--json out.json]
 
 Each case admits ``n`` calls in a tight single-threaded loop with limits so
 high that nothing is denied, so the number measured is the cost of one
@@ -13,6 +14,12 @@ atomically in one step; `limits` and `pyrate-limiter` need one hit per
 dimension, which is not atomic).  For Redis cases the script also reports
 commands sent per admission, from ``INFO commandstats`` deltas (no MONITOR),
 so run it against an otherwise idle Redis.
+
+A second table measures rateloop alone on the paths a real loop takes: a
+route in three scopes with three dimensions each, the ``Cost`` different on
+every call (input tokens cycling through 1000 values), and ``try_reserve``
+followed by ``settle`` with a concurrency lease.  ``--paths-only`` skips the
+comparison with the other libraries.
 """
 
 from __future__ import annotations
@@ -32,8 +39,14 @@ from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 
 HIGH = 10**9  # a per-minute limit nothing reaches
+HUGE = 10**13  # the same for the paths table, whose costs are up to 51k tokens
 ROUTE = Route(provider="bench", model="m")
 COST = Cost(input_tokens=100, output_tokens=50)
+#: The paths table: three scopes, three dimensions each, a cost that varies per call.
+ROUTE3 = Route(provider="bench", model="m", project="p", tenant="t")
+COSTS = [Cost(input_tokens=1_000 + i, output_tokens=500) for i in range(1_000)]
+#: More distinct costs than any plan cache holds: every call is a new estimate.
+MANY_COSTS = [Cost(input_tokens=1_000 + i, output_tokens=500) for i in range(50_000)]
 
 
 @dataclass
@@ -111,6 +124,77 @@ def rateloop_case(url: str, dims: int, prefix: str) -> Callable[[], object]:
 
     def admit() -> object:
         r = limiter.try_reserve(ROUTE, cost)
+        assert r, r
+        return r
+
+    return admit
+
+
+def path_case(
+    url: str, prefix: str, settle: bool, costs: list[Cost] = COSTS
+) -> Callable[[], object]:
+    """3 scopes × 3 dims, a different Cost each call; with ``settle`` also a lease and a settle."""
+    spec = LimitSpec(
+        requests_per_minute=HUGE, input_tokens_per_minute=HUGE, output_tokens_per_minute=HUGE
+    )
+    limits = dict.fromkeys(ROUTE3.scopes, spec)
+    if settle:
+        limits[ROUTE3.scope] = LimitSpec(
+            requests_per_minute=HUGE,
+            input_tokens_per_minute=HUGE,
+            output_tokens_per_minute=HUGE,
+            concurrency=HUGE,
+        )
+    options = {"connection_class": CountingConnection} if url.startswith("redis") else {}
+    limiter = Limiter.from_url(url, prefix=prefix, limits=limits, **options)
+    calls = iter(range(10**12))
+    size = len(costs)
+
+    def admit() -> object:
+        cost = costs[next(calls) % size]
+        r = limiter.try_reserve(ROUTE3, cost)
+        assert r, r
+        return r
+
+    def admit_settle() -> object:
+        i = next(calls) % size
+        r = limiter.try_reserve(ROUTE3, costs[i])
+        assert r, r
+        r.settle(900 + i % 1_000, 300)
+        return r
+
+    return admit_settle if settle else admit
+
+
+def path_cases(url: str, prefix: str) -> list[tuple[str, Callable[[], object]]]:
+    return [
+        ("try_reserve, fixed cost", fixed_path_case(url, f"{prefix}f:")),
+        ("try_reserve, cost cycles 1k values", path_case(url, f"{prefix}v:", settle=False)),
+        (
+            "try_reserve, cost cycles 50k values",
+            path_case(url, f"{prefix}w:", settle=False, costs=MANY_COSTS),
+        ),
+        ("try_reserve+settle, lease, 1k costs", path_case(url, f"{prefix}s:", settle=True)),
+        (
+            "try_reserve+settle, lease, 50k costs",
+            path_case(url, f"{prefix}t:", settle=True, costs=MANY_COSTS),
+        ),
+    ]
+
+
+def fixed_path_case(url: str, prefix: str) -> Callable[[], object]:
+    """The same three scopes and dimensions with one Cost repeated (the plan-cache best case)."""
+    spec = LimitSpec(
+        requests_per_minute=HUGE, input_tokens_per_minute=HUGE, output_tokens_per_minute=HUGE
+    )
+    options = {"connection_class": CountingConnection} if url.startswith("redis") else {}
+    limiter = Limiter.from_url(
+        url, prefix=prefix, limits=dict.fromkeys(ROUTE3.scopes, spec), **options
+    )
+    cost = COSTS[0]
+
+    def admit() -> object:
+        r = limiter.try_reserve(ROUTE3, cost)
         assert r, r
         return r
 
@@ -229,6 +313,11 @@ def main() -> None:
         default="memory,redis",
         help="comma-separated backends to measure (memory, redis); default both",
     )
+    parser.add_argument(
+        "--paths-only",
+        action="store_true",
+        help="only the rateloop paths table (varying cost, reserve+settle)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     backends = {b.strip() for b in args.backends.split(",") if b.strip()}
@@ -237,18 +326,24 @@ def main() -> None:
 
     prefix = f"rateloop-bench:{uuid.uuid4().hex[:8]}:"
     results: list[Result] = []
+    paths: list[Result] = []
+    compare = not args.paths_only
     if "memory" in backends:
-        for dims in (1, 3):
+        for dims in (1, 3) if compare else ():
             for name, admit in memory_cases(dims, prefix):
                 results.append(measure(name, "memory", dims, admit, args.n, None, args.repeat))
+        for name, admit in path_cases("memory://", prefix):
+            paths.append(measure(name, "memory", 9, admit, args.n, None, args.repeat))
     if "redis" in backends:
         rclient = redis.Redis.from_url(args.redis)  # for INFO and cleanup: not counted
         try:
-            for dims in (1, 3):
+            for dims in (1, 3) if compare else ():
                 for name, admit in redis_cases(args.redis, dims, prefix):
                     results.append(
                         measure(name, "redis", dims, admit, args.n_redis, rclient, args.repeat)
                     )
+            for name, admit in path_cases(args.redis, f"{prefix}paths:"):
+                paths.append(measure(name, "redis", 9, admit, args.n_redis, rclient, args.repeat))
         finally:
             keys = list(rclient.scan_iter(match=f"{prefix}*", count=1000))
             keys += list(rclient.scan_iter(match=f"*{prefix}*", count=1000))
@@ -257,25 +352,43 @@ def main() -> None:
             rclient.close()
     results.sort(key=lambda r: (r.dims, r.backend != "memory"))  # the table's usual order
 
-    print(
-        f"{'case':38} {'backend':7} {'dims':>4} {'adm/s':>9} {'rateloop/it':>11} "
-        f"{'trips/adm':>9} {'cmds/adm':>8}"
-    )
+    if results:
+        print(
+            f"{'case':38} {'backend':7} {'dims':>4} {'adm/s':>9} {'rateloop/it':>11} "
+            f"{'trips/adm':>9} {'cmds/adm':>8}"
+        )
     for r in results:
         base = next(
             x
             for x in results
             if x.name == "rateloop" and x.backend == r.backend and x.dims == r.dims
         )
-        trips = f"{r.round_trips:.2f}" if r.round_trips is not None else "-"
-        cmds = f"{r.server_commands:.2f}" if r.server_commands is not None else "-"
         print(
             f"{r.name:38} {r.backend:7} {r.dims:>4} {r.per_second:>9,.0f} "
-            f"{base.per_second / r.per_second:>10.2f}x {trips:>9} {cmds:>8}"
+            f"{base.per_second / r.per_second:>10.2f}x {_trips(r):>9} {_cmds(r):>8}"
+        )
+    if results:
+        print()
+    print(
+        f"{'rateloop path (3 scopes x 3 dims)':38} {'backend':7} {'calls/s':>9} "
+        f"{'us/call':>8} {'trips/call':>10} {'cmds/call':>9}"
+    )
+    for r in paths:
+        print(
+            f"{r.name:38} {r.backend:7} {r.per_second:>9,.0f} {1e6 / r.per_second:>8.2f} "
+            f"{_trips(r):>10} {_cmds(r):>9}"
         )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump([r.__dict__ for r in results], fh, indent=2)
+            json.dump([r.__dict__ for r in results + paths], fh, indent=2)
+
+
+def _trips(r: Result) -> str:
+    return f"{r.round_trips:.2f}" if r.round_trips is not None else "-"
+
+
+def _cmds(r: Result) -> str:
+    return f"{r.server_commands:.2f}" if r.server_commands is not None else "-"
 
 
 if __name__ == "__main__":
