@@ -616,3 +616,20 @@ def test_a_naive_deadline_is_refused(clock: FakeClock) -> None:
 
     with pytest.raises(ValueError, match="aware datetime"):
         RateLoop(policy(), clock=clock).call(lambda r: "x", route=A, deadline=datetime(2030, 1, 1))
+
+
+@pytest.mark.parametrize("rng", [0.0, 0.5, 1.0])
+def test_jittered_waits_never_run_into_the_deadline(clock: FakeClock, rng: float) -> None:
+    fn = FaultScript([http_error(503, {"error": {"message": "unavailable"}})])
+    loop = RateLoop(Policy(), clock=clock, rng=lambda: rng)  # default: equal jitter
+    out = loop.call(fn, route=A, deadline=8.0)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.retry_at is not None and out.retry_at > clock.now()
+    assert sum(clock.sleeps) < 8.0  # no wait that ends at or after the deadline is taken
+    assert len(fn.calls) == len(clock.sleeps) + 1
+
+
+def test_a_passed_deadline_reports_when_to_retry(run: Runner, clock: FakeClock) -> None:
+    out = run(FaultScript([OK]), route=A, policy=policy(), deadline=0.0)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.retry_at == clock.now()

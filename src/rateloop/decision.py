@@ -176,7 +176,7 @@ def decide(
             return Stop(
                 Status.WAITING_FOR_CAPACITY,
                 f"the deadline passed before an attempt on {route.scope} could start",
-                retry_in=0.0,
+                retry_at=state.wall(now),
             )
         if state.budget.can_attempt():
             return Proceed(route)
@@ -260,51 +260,51 @@ def _wait_before(
     route: Route,
     minimum: float | None,
 ) -> Wait | Stop:
-    """The wait before the next attempt on ``route``, or why there is none."""
+    """The wait before the next attempt on ``route``, or why there is none.
+
+    The caller's deadline is a hard line: a wait that would end at or after it
+    is not taken, and the call stops ``waiting_for_capacity`` with the time it
+    would have retried at.  The loop's own budgets (the recovery budget,
+    ``max_wait_secs``) bind a server's minimum the same way, but our own
+    backoff is only a guess, so it is shortened to what is left of them; with
+    nothing left the retries are exhausted.
+    """
+    own_left = _own_budget_left(state.budget, now)
     plan = plan_wait(
         state.backoff,
         state.waits + 1,
         server_minimum=minimum,
         pause_limit=policy.pause_limit_secs,
-        time_left=state.budget.time_left(now),
+        time_left=own_left,
         previous=state.previous_wait,
     )
     if plan.fits:
+        wait = plan.seconds
         source = f"server asked for {minimum:g}s" if minimum else "backoff"
-        return Wait(plan.seconds, f"{signal.kind.value} on {state.route.scope}; {source}", route)
-    if minimum is not None:
+    elif minimum is not None:
         return Stop(
             Status.WAITING_FOR_CAPACITY,
             plan.reason or f"the server's wait of {minimum:g}s does not fit",
-            retry_at=_later(signal.reset_at, state.wall(now) + timedelta(seconds=minimum)),
+            retry_at=_later(signal.reset_at, state.wall(now + minimum)),
         )
-    return _shortened_or_spent(state, signal, now, plan.seconds, route)
-
-
-def _shortened_or_spent(
-    state: LoopState, signal: LimitSignal, now: float, planned: float, route: Route
-) -> Wait | Stop:
-    """Our own backoff wait does not fit.
-
-    Past the caller's deadline the wait is not taken: the call stops
-    ``waiting_for_capacity`` with the time it would have retried at.  Within
-    the deadline, what binds is one of our own budgets (``max_wait_secs``,
-    the recovery budget): the backoff is only our guess, so it is shortened
-    to the time left, and with none left the retries are exhausted.
-    """
-    budget = state.budget
-    if budget.deadline is not None and now + planned > budget.deadline:
-        budget_left = _own_budget_left(budget, now)
-        if budget_left is None or budget_left >= budget.deadline - now:
-            return Stop(
-                Status.WAITING_FOR_CAPACITY,
-                f"a wait of {planned:g}s on {route.scope} would end after the deadline",
-                retry_at=state.wall(now + planned),
-            )
-    left = _own_budget_left(budget, now)
-    if left is not None and left > 0:
-        return Wait(left, f"backoff shortened to the {left:g}s left in the budget", route)
-    return _exhausted(state, signal, "the time budget is spent")
+    elif own_left is not None and own_left > 0:
+        wait = own_left
+        source = f"backoff shortened to the {own_left:g}s left in the budget"
+    else:
+        return _exhausted(state, signal, "the time budget is spent")
+    deadline = state.budget.deadline
+    if deadline is not None and now + wait >= deadline:
+        return Stop(
+            Status.WAITING_FOR_CAPACITY,
+            f"a wait of {wait:g}s on {route.scope} would end after the deadline",
+            # With a server minimum, that is when capacity returns; the jitter is ours.
+            retry_at=(
+                _later(signal.reset_at, state.wall(now + minimum))
+                if minimum
+                else state.wall(now + wait)
+            ),
+        )
+    return Wait(wait, f"{signal.kind.value} on {state.route.scope}; {source}", route)
 
 
 def _own_budget_left(budget: CallBudget, now: float) -> float | None:

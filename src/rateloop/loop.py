@@ -277,7 +277,7 @@ class _BaseRateLoop:
         while True:
             step = decide(state, None, policy, clock.monotonic())
             if isinstance(step, Stop):
-                return finish(step.status, step.reason)
+                return finish(step.status, step.reason, retry_at=step.retry_at)
             assert isinstance(step, Proceed)
             route = step.route
 
@@ -299,7 +299,7 @@ class _BaseRateLoop:
                     budget.record_refusal(now)
                     time_left = budget.time_left(now)
                     if retry_after > policy.pause_limit_secs or (
-                        time_left is not None and retry_after > time_left
+                        time_left is not None and retry_after >= time_left
                     ):
                         retry_at = clock.now() + timedelta(seconds=retry_after)
                         return finish(
