@@ -23,7 +23,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rateloop.signal import LimitSignal
 
 __all__ = [
     "CapacityEvent",
@@ -32,6 +35,7 @@ __all__ = [
     "LoggingSink",
     "RecordingSink",
     "redact",
+    "signal_fields",
 ]
 
 EventSink = Callable[["CapacityEvent"], None]
@@ -118,6 +122,20 @@ class CapacityEvent:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def signal_fields(signal: LimitSignal | None) -> dict[str, Any]:
+    """The fields of an event that come from the signal behind the decision."""
+    if signal is None:
+        return {}
+    return {
+        "signal_kind": signal.kind.value,
+        "http_status": signal.status,
+        "provider_code": signal.code,
+        "request_id": signal.request_id,
+        "retry_after_seconds": signal.retry_after,
+        "reset_at": signal.reset_at,
+    }
 
 
 class LoggingSink:

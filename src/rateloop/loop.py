@@ -39,7 +39,7 @@ from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
 from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
 from rateloop.errors import RateLimitExhausted
-from rateloop.events import CapacityEvent, DecisionKind, EventSink
+from rateloop.events import CapacityEvent, DecisionKind, EventSink, signal_fields
 from rateloop.fallback import build_chain
 from rateloop.integrations.sdk import counting_requests
 from rateloop.outcome import AttemptLedger, Outcome, Status
@@ -223,12 +223,7 @@ class _BaseRateLoop:
                 provider=route.provider,
                 model=route.model,
                 scope=route.scope,
-                signal_kind=sig.kind.value if sig is not None else None,
-                http_status=sig.status if sig is not None else None,
-                provider_code=sig.code if sig is not None else None,
-                request_id=sig.request_id if sig is not None else None,
-                retry_after_seconds=sig.retry_after if sig is not None else None,
-                reset_at=sig.reset_at if sig is not None else None,
+                **signal_fields(sig),
                 attempt=ledger.loop,
                 sdk_attempts=ledger.sdk,
                 deadline=spec.deadline,

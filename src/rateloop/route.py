@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["Cost", "Route"]
 
@@ -69,16 +69,7 @@ class Route:
 
     def with_model(self, model: str) -> Route:
         """The same route, on another model."""
-        return Route(
-            provider=self.provider,
-            model=model,
-            project=self.project,
-            tenant=self.tenant,
-            context_window=self.context_window,
-            tags=self.tags,
-            input_price_per_mtok=self.input_price_per_mtok,
-            output_price_per_mtok=self.output_price_per_mtok,
-        )
+        return replace(self, model=model)
 
     def estimated_cost_usd(self, cost: Cost) -> float | None:
         """The worst-case price of ``cost`` on this route, if prices are known."""

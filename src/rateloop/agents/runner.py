@@ -35,7 +35,7 @@ from rateloop.agents.process import run_attempt
 from rateloop.agents.settings import AgentSettings
 from rateloop.agents.step import AttemptPlan, AttemptReport, Finish, Retry, StepFailure, StepLoop
 from rateloop.classify import classify_text
-from rateloop.events import CapacityEvent, DecisionKind, EventSink
+from rateloop.events import CapacityEvent, DecisionKind, EventSink, signal_fields
 from rateloop.outcome import AttemptLedger, Outcome
 from rateloop.route import Route
 from rateloop.signal import LimitSignal
@@ -351,10 +351,7 @@ class _Events:
             provider=self.loop.agent.value,
             model=plan.model,
             scope=route.scope if route is not None else None,
-            signal_kind=signal.kind.value if signal is not None else None,
-            provider_code=signal.code if signal is not None else None,
-            retry_after_seconds=signal.retry_after if signal is not None else None,
-            reset_at=signal.reset_at if signal is not None else None,
+            **signal_fields(signal),
             attempt=self.ledger.loop,
             wait_seconds=wait,
             status=status,
