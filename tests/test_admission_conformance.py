@@ -349,3 +349,46 @@ def test_small_limit_with_a_reserve_makes_lower_classes_wait_not_fail(limiter: L
         # Only a cost above the capacity itself never fits.
         big = denied(limiter.try_reserve(route, Cost(requests=2), priority=priority))
         assert big.never_fits and "capacity of 1" in big.reason
+
+
+def test_costs_that_change_every_call_share_one_plan(limiter: Limiter) -> None:
+    """The plan is cached per (route, priority): each call's own amounts must be used."""
+    limiter.set_limits(
+        MODEL, LimitSpec(input_tokens_per_minute=1_000, output_tokens_per_minute=600, reserve=0.1)
+    )
+    taken = 0
+    for i in (100, 250, 50):  # 400 input tokens across three different costs
+        r = limiter.try_reserve(ROUTE, Cost(input_tokens=i, output_tokens=10))
+        assert isinstance(r, Reservation)
+        taken += i
+    # Scheduled may fill 900 of 1000: 500 more fit, 501 do not (the same plan again).
+    d = denied(limiter.try_reserve(ROUTE, Cost(input_tokens=501), priority="scheduled"))
+    assert (d.dimension, d.never_fits) == (Dimension.INPUT_TOKENS, False)
+    assert d.retry_after == pytest.approx(1 / (1_000 / 60), abs=TOL)
+    # A cost above the capacity never fits, whatever fitted before; the next one does.
+    big = denied(limiter.try_reserve(ROUTE, Cost(input_tokens=1_001), priority="scheduled"))
+    assert big.never_fits and "1001" in big.reason
+    assert limiter.try_reserve(ROUTE, Cost(input_tokens=500), priority="scheduled")
+    # Output: 30 of 600 in use; a cost past the scheduled share (540) but within the
+    # capacity waits until the bucket is idle instead of never fitting.
+    late = denied(limiter.try_reserve(ROUTE, Cost(output_tokens=600), priority="scheduled"))
+    assert (late.dimension, late.never_fits) == (Dimension.OUTPUT_TOKENS, False)
+    assert late.retry_after == pytest.approx(30 / 10, abs=TOL)
+
+
+def test_settle_uses_each_reservations_own_estimate(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, LimitSpec(output_tokens_per_minute=600, concurrency=2))
+    a = limiter.try_reserve(ROUTE, Cost(output_tokens=400))
+    b = limiter.try_reserve(ROUTE, Cost(output_tokens=150))
+    assert isinstance(a, Reservation) and isinstance(b, Reservation)
+    assert denied(limiter.try_reserve(ROUTE, Cost())).dimension is Dimension.CONCURRENCY
+    a.settle(0, 100)  # refunds 300, returns a lease
+    b.settle(0, 200)  # charges 50 more
+    # 100 + 200 = 300 in use: 300 more fit now, 301 wait 0.1 s (10 per second).
+    d = denied(limiter.try_reserve(ROUTE, Cost(output_tokens=301)))
+    assert d.retry_after == pytest.approx(0.1, abs=TOL)
+    c = limiter.try_reserve(ROUTE, Cost(output_tokens=300))
+    assert isinstance(c, Reservation)
+    c.release()
+    c.settle(0, 0)  # already released: nothing happens
+    assert limiter.try_reserve(ROUTE, Cost(output_tokens=300))

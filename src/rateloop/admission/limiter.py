@@ -35,6 +35,7 @@ from rateloop.admission.gcra import AIMD, DAY, pause_spread
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitOp,
+    AdmitPlan,
     AdmitResult,
     Check,
     CheckKind,
@@ -44,7 +45,6 @@ from rateloop.admission.plan import (
     SettleOp,
     Tightening,
     build_checks,
-    class_allowance,
 )
 from rateloop.admission.reservation import (
     AdmissionRejected,
@@ -85,30 +85,11 @@ _Done = tuple[Any, Any, bool]
 _Flow = Generator[_Step, Any, T]
 
 
-class _Plan:
-    """A call's checks, whether it can ever fit, and its operation when no lease is needed."""
-
-    __slots__ = ("checks", "lease_scope", "never", "op", "priority", "scopes")
-
-    def __init__(
-        self, scopes: tuple[str, ...], checks: tuple[Check, ...], priority: Priority, aimd: AIMD
-    ) -> None:
-        self.scopes = scopes
-        self.checks = checks
-        self.priority = priority
-        self.never = next((c for c in checks if c.never_fits), None)
-        self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
-        self.op = (
-            AdmitOp(scopes=scopes, checks=checks, lease_id=None, aimd=aimd)
-            if self.lease_scope is None
-            else None
-        )
-
-
-_NO_PLAN = _Plan((), (), Priority.INTERACTIVE, AIMD())
+_NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
 _PLAN_CACHE_SIZE = 4096
 _NEVER = -math.inf  # ``_local_until`` of a limiter that never fell back
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
+_new_tuple = tuple.__new__
 
 
 def _scaled_check(check: Check, share: float) -> Check:
@@ -119,19 +100,30 @@ def _scaled_check(check: Check, share: float) -> Check:
         capacity = max(check.capacity * share, 1.0)
     else:
         capacity = float(max(1, math.floor(check.capacity * share)))
-    allowed = check.allowed * capacity / check.capacity
+    class_share = check.share * capacity / check.capacity
     if check.kind is CheckKind.LEASE:
-        allowed = float(max(1, math.floor(allowed + 1e-9)))
-    else:
-        allowed = class_allowance(allowed, check.amount, capacity)
-    return replace(check, capacity=capacity, allowed=allowed, rate=check.rate * share)
+        class_share = float(max(1, math.floor(class_share + 1e-9)))
+    return replace(check, capacity=capacity, share=class_share, rate=check.rate * share)
+
+
+def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
+    """``plan`` with every check scaled to ``share``; remembered on the plan."""
+    local = plan.local
+    if local is not None and local[0] == share:
+        return local[1]
+    scaled = AdmitPlan(
+        plan.scopes, tuple(_scaled_check(c, share) for c in plan.checks), plan.priority
+    )
+    plan.local = (share, scaled)
+    return scaled
 
 
 def _scaled_op(op: object, share: float) -> object:
     if share >= 1.0:
         return op
     if isinstance(op, AdmitOp):
-        return replace(op, checks=tuple(_scaled_check(c, share) for c in op.checks))
+        plan = _scaled_plan(op.plan, share)
+        return op._replace(plan=plan, allowed=plan.allowances(op.amounts))
     if isinstance(op, ObserveOp):
         return replace(
             op,
@@ -184,8 +176,8 @@ class Limiter:
         self._lock = threading.Lock()
         self._limits: dict[str, LimitSpec] = {}
         self._learned: dict[str, LimitSpec] = {}
-        self._plans: dict[tuple[Route, Cost, Priority], _Plan] = {}
-        self._last_plan: tuple[object, object, object, _Plan] = (None, None, None, _NO_PLAN)
+        self._plans: dict[tuple[Route, Priority], AdmitPlan] = {}
+        self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
         self._generation = 0
         # Lease ids: unique across processes (random prefix), cheap within one.
         self._lease_prefix = secrets.token_hex(6) + "-"
@@ -284,105 +276,116 @@ class Limiter:
         """The configured limits (a copy)."""
         return dict(self._limits)
 
-    def _plan(self, route: Route, cost: Cost, priority: str | Priority) -> _Plan:
-        """The checks of a call, built once per (route, cost, priority) and cached.
+    def _plan(self, route: Route, priority: str | Priority) -> AdmitPlan:
+        """The checks of a route at a priority, built once and cached.
 
-        The same call again (a loop) is recognised by identity -- the route,
-        the cost and the priority argument as given -- which skips hashing the
-        route and parsing the priority.  ``_last_plan`` is replaced only under
-        ``_lock`` and checked against the generation there, so a plan built
-        from limits that changed meanwhile is never remembered.
+        The plan does not depend on the cost, so a loop whose estimates change
+        on every call still finds it.  The same call again is recognised by
+        identity -- the route and the priority argument as given -- which
+        skips hashing the route and parsing the priority.  ``_last_plan`` is
+        replaced only under ``_lock`` and checked against the generation
+        there, so a plan built from limits that changed meanwhile is never
+        remembered.
         """
         last = self._last_plan
-        if last[0] is route and last[1] is cost and last[2] is priority:
-            return last[3]
+        if last[0] is route and last[1] is priority:
+            return last[2]
         prio = _PRIORITIES.get(priority) or Priority.parse(priority)
-        key = (route, cost, prio)
+        key = (route, prio)
         plan = self._plans.get(key)
         generation = self._generation
         if plan is None:
+            scopes = route.scopes
             checks: list[Check] = []
-            for scope in route.scopes:
+            for scope in scopes:
                 spec = self.limits_for(scope)
                 if spec is not None:
-                    checks.extend(build_checks(scope, spec, cost, prio))
-            plan = _Plan(route.scopes, tuple(checks), prio, self.aimd)
+                    checks.extend(build_checks(scope, spec, prio))
+            plan = AdmitPlan(scopes, tuple(checks), prio)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.clear()
             self._plans[key] = plan
-            self._last_plan = (route, cost, priority, plan)
+            self._last_plan = (route, priority, plan)
         return plan
 
     def _forget_plans(self) -> None:
         """Limits changed: cached plans are stale.  Call with ``_lock`` held."""
         self._generation += 1
         self._plans.clear()
-        self._last_plan = (None, None, None, _NO_PLAN)
+        self._last_plan = (None, None, _NO_PLAN)
 
     # -- flows: the algorithm, written once ----------------------------------------------
 
-    def _admit_op(
-        self, route: Route, cost: Cost, priority: str | Priority
-    ) -> tuple[_Plan, AdmitOp] | Denied:
-        """First half of an admission: the operation to run, or a denial needing none."""
-        plan = self._plan(route, cost, priority)
-        if plan.never is not None:  # no state can change this: no round trip
-            return self._never_fits(plan.never)
-        op = plan.op
-        if op is None:
-            op = AdmitOp(
-                scopes=plan.scopes,
-                checks=plan.checks,
-                lease_id=f"{self._lease_prefix}{next(self._lease_counter)}",
-                aimd=self.aimd,
-            )
-        return plan, op
+    def _admit_op(self, route: Route, cost: Cost, priority: str | Priority) -> AdmitOp | Denied:
+        """First half of an admission: the operation to run, or a denial needing none.
 
-    def _admit_outcome(
-        self, route: Route, cost: Cost, plan: _Plan, done: _Done
-    ) -> Reservation | Denied:
+        The plan (cached per route and priority) gives the checks; only the
+        amounts and allowances are computed from ``cost``, and not even those
+        when the cost is the previous call's (``plan.last``, which also keeps
+        the whole operation when no lease id makes each one unique).
+        """
+        plan = self._plan(route, priority)
+        last = plan.last
+        if last[0] is cost:
+            _, amounts, allowed, op = last
+            if op is not None:
+                return op
+        else:
+            # plan.amounts(cost) and plan.allowances(amounts), inlined: the hot path.
+            r, i, o = cost.requests, cost.input_tokens, cost.output_tokens
+            # Floats: the backends' arithmetic mixes them with float levels, and
+            # float-with-float is CPython's fast path.
+            amounts = plan.pick((float(r), float(i), float(o), float(i + o), 1.0))
+            fit = plan.fit_shares
+            if r <= fit[0] and i <= fit[1] and o <= fit[2] and i + o <= fit[3]:
+                allowed = plan.shares  # every amount within its class's share
+            else:
+                never = plan.never_fits(amounts)
+                if never is not None:  # no state can change this: no round trip
+                    return self._never_fits(plan.checks[never], amounts[never])
+                allowed = plan.allowances(amounts)
+            if plan.lease_scope is None:
+                op = _new_tuple(AdmitOp, (plan, amounts, allowed, None, self.aimd))
+                plan.last = (cost, amounts, allowed, op)
+                return op
+            plan.last = (cost, amounts, allowed, None)
+        lease_id = f"{self._lease_prefix}{next(self._lease_counter)}"
+        return _new_tuple(AdmitOp, (plan, amounts, allowed, lease_id, self.aimd))
+
+    def _admit_outcome(self, route: Route, cost: Cost, done: _Done) -> Reservation | Denied:
         """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
         result: AdmitResult = done[0]
         ran: AdmitOp = done[1]
         if result.granted:
-            return Reservation(
-                self,
-                route,
-                cost,
-                plan.priority,
-                ran.checks,
-                ran.lease_id,
-                plan.lease_scope,
-                result.now,
-                done[2],
-            )
+            return Reservation(self, route, cost, ran.plan, ran.lease_id, result.now, done[2])
         if result.never_fits:  # the local share can be smaller than a cost
-            check = next(
-                c for c in ran.checks if c.scope == result.scope and c.dimension == result.dimension
+            i = next(
+                i
+                for i, c in enumerate(ran.plan.checks)
+                if c.scope == result.scope and c.dimension == result.dimension
             )
-            return self._never_fits(check)
+            return self._never_fits(ran.plan.checks[i], ran.amounts[i])
         return self._denied(result)
 
     def _admit_flow(
         self, route: Route, cost: Cost, priority: str | Priority
     ) -> _Flow[Reservation | Denied]:
-        prepared = self._admit_op(route, cost, priority)
-        if isinstance(prepared, Denied):
-            return prepared
-        plan, op = prepared
+        op = self._admit_op(route, cost, priority)
+        if isinstance(op, Denied):
+            return op
         done = yield _Do(op)
-        return self._admit_outcome(route, cost, plan, done)
+        return self._admit_outcome(route, cost, done)
 
-    def _never_fits(self, check: Check) -> Denied:
+    def _never_fits(self, check: Check, amount: float) -> Denied:
         return Denied(
             retry_after=0.0,
             scope=check.scope,
             dimension=check.dimension,
             reason=(
-                f"cost of {check.amount:g} {check.dimension.value} exceeds the capacity "
+                f"cost of {amount:g} {check.dimension.value} exceeds the capacity "
                 f"of {check.capacity:g} (burst × limit); waiting cannot help"
             ),
             never_fits=True,
@@ -461,7 +464,7 @@ class Limiter:
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
-            for check in build_checks(target, spec, Cost(requests=0)):
+            for check in build_checks(target, spec):
                 by_dimension[check.dimension] = check
         tightenings = tuple(
             Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
@@ -565,10 +568,6 @@ class Limiter:
         except StopIteration as stop:
             return cast(T, stop.value)
 
-    def _settle_flow(self, op: SettleOp, local: bool) -> _Flow[float | None]:
-        result, _, _ = yield _Do(op, local=local)
-        return None if result is None else float(cast(float, result))
-
     def _run_settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.
 
@@ -578,11 +577,15 @@ class Limiter:
         unreachable (and ``on_unreachable="local"``) the settle is dropped --
         nothing of it belongs in the local limiter -- so the lease expires
         after its TTL and the refund is lost; the result is then ``None``.
+        A settle is one step with nothing to decide around it, so it runs
+        without a flow (as ``try_reserve`` does).
         """
-        return self._drive(self._settle_flow(op, local))
+        result = self._execute(op, local)[0]
+        return None if result is None else float(result)
 
     async def _arun_settle(self, op: SettleOp, *, local: bool) -> float | None:
-        return await self._adrive(self._settle_flow(op, local))
+        result = (await self._aexecute(op, local))[0]
+        return None if result is None else float(result)
 
     # -- the public twins -------------------------------------------------------------------------
 
@@ -594,20 +597,18 @@ class Limiter:
         This is ``_admit_flow`` run by hand: the same two halves around one
         step, without a generator, because it is the hottest path.
         """
-        prepared = self._admit_op(route, cost, priority)
-        if isinstance(prepared, Denied):
-            return prepared
-        plan, op = prepared
-        return self._admit_outcome(route, cost, plan, self._execute(op))
+        op = self._admit_op(route, cost, priority)
+        if isinstance(op, Denied):
+            return op
+        return self._admit_outcome(route, cost, self._execute(op))
 
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
-        prepared = self._admit_op(route, cost, priority)
-        if isinstance(prepared, Denied):
-            return prepared
-        plan, op = prepared
-        return self._admit_outcome(route, cost, plan, await self._aexecute(op))
+        op = self._admit_op(route, cost, priority)
+        if isinstance(op, Denied):
+            return op
+        return self._admit_outcome(route, cost, await self._aexecute(op))
 
     def reserve(
         self,

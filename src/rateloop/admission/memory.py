@@ -111,7 +111,7 @@ class MemoryBackend:
         try:
             if type(op) is AdmitOp:
                 return self._admit(op, now)
-            if isinstance(op, SettleOp):
+            if type(op) is SettleOp:
                 return self._settle(op, now)
             if isinstance(op, PauseOp):
                 return self._pause(op, now)
@@ -150,19 +150,20 @@ class MemoryBackend:
         fused :func:`bucket_fit`, and the granted result built with
         ``tuple.__new__`` (a NamedTuple's own constructor is Python code).
         """
+        plan, amounts, allowances, lease_id, aimd = op  # one unpack, not five field loads
         scopes = self._scopes
         wait = 0.0
         blame: tuple[str, Dimension | None, str | None] | None = None
-        for key in op.scopes:
+        for key in plan.scopes:
             state = scopes.get(key)
             if state is not None and state.paused_until - now > wait:
                 wait = state.paused_until - now
                 blame = (key, None, state.pause_reason)
         wall: float | None = None
         staged: list[tuple[Check, _Scope, Any, float, int]] = []
-        for check in op.checks:
-            amount = check.amount
-            if amount > check.allowed:
+        # Parallel tuples of one plan (no ``strict=``: it costs on the hot path).
+        for check, amount, allowed in zip(plan.checks, amounts, allowances):  # noqa: B905
+            if amount > allowed:
                 return AdmitResult(
                     granted=False,
                     now=now,
@@ -178,8 +179,8 @@ class MemoryBackend:
                     bucket = state.buckets[check.dimension] = Bucket()
                 rate = check.rate
                 if state.factor < 1.0 and check.scaled:
-                    rate *= state.factor_at(now, op.aimd)
-                level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, check.allowed)
+                    rate *= state.factor_at(now, aimd)
+                level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
                 if bucket.blocked_until > now and bucket.blocked_until - now > w:
                     w = bucket.blocked_until - now
                 staged.append((check, state, bucket, level + amount, 0))
@@ -191,11 +192,11 @@ class MemoryBackend:
                     wall = self._clock.now().timestamp()
                 index, end = day_window(wall, check.offset)
                 count = day.count if day.index == index else 0.0
-                w = end - wall if count + amount > check.allowed else 0.0
+                w = end - wall if count + amount > allowed else 0.0
                 w = max(w, day.blocked_until - now)
                 staged.append((check, state, day, count + amount, index))
             else:
-                w = _lease_wait(state, now, check.allowed)
+                w = _lease_wait(state, now, allowed)
                 staged.append((check, state, None, 0.0, 0))
             if w > wait:
                 wait = w
@@ -212,8 +213,8 @@ class MemoryBackend:
             )
         for check, state, slot, value, index in staged:
             if slot is None:
-                if op.lease_id is not None:
-                    state.leases[op.lease_id] = now + check.ttl
+                if lease_id is not None:
+                    state.leases[lease_id] = now + check.ttl
             elif type(slot) is Bucket:
                 slot.level = value
                 slot.ts = now
@@ -223,17 +224,20 @@ class MemoryBackend:
         return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None))
 
     def _settle(self, op: SettleOp, now: float) -> float:
-        for adj in op.adjustments:
-            check = adj.check
-            if check.kind is not CheckKind.BUCKET:
-                continue
-            state = self._scope(check.scope)
-            bucket = state.buckets.setdefault(check.dimension, Bucket())
+        scopes = self._scopes
+        for check, delta in zip(op.checks, op.deltas, strict=True):
+            state = scopes.get(check.scope) or self._scope(check.scope)
+            bucket = state.buckets.get(check.dimension)
+            if bucket is None:
+                bucket = state.buckets[check.dimension] = Bucket()
             rate = self._rate(check, state, now, op.aimd)
-            bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + adj.delta)
+            bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
             bucket.ts = now
-        if op.lease_scope is not None and op.lease_id is not None:
-            self._scope(op.lease_scope).leases.pop(op.lease_id, None)
+        lease_id = op.lease_id
+        if lease_id is not None:
+            lease_scope = op.plan.lease_scope
+            if lease_scope is not None:
+                self._scope(lease_scope).leases.pop(lease_id, None)
         return now
 
     def _pause(self, op: PauseOp, now: float) -> PauseResult:

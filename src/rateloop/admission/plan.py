@@ -1,20 +1,26 @@
 """What a backend is asked to do: admission checks and operations, as plain values.
 
-The :class:`~rateloop.admission.limiter.Limiter` turns a route, a cost, a
-priority and the configured :class:`LimitSpec` of every scope into a tuple of
-:class:`Check` values -- one per limited dimension of every scope -- and
-wraps them in an operation (:class:`AdmitOp`, :class:`SettleOp`,
-:class:`PauseOp`, :class:`ObserveOp`).  A backend executes one operation
-atomically, in one step: the memory backend under a lock, Redis in one Lua
-script.  Because the plan is computed here, once, the backends only do the
-arithmetic of :mod:`rateloop.admission.gcra`.
+The :class:`~rateloop.admission.limiter.Limiter` turns a route, a priority
+and the configured :class:`LimitSpec` of every scope into an
+:class:`AdmitPlan`: a tuple of :class:`Check` values -- one per limited
+dimension of every scope -- that does not depend on the cost, so it is built
+once and cached.  Each call only adds its amounts (a small tuple taken from
+its :class:`~rateloop.route.Cost`) and wraps both in an operation
+(:class:`AdmitOp`, :class:`SettleOp`, :class:`PauseOp`, :class:`ObserveOp`).
+A backend executes one operation atomically, in one step: the memory backend
+under a lock, Redis in one Lua script.  Because the plan and the allowances
+are computed here, once, the backends only do the arithmetic of
+:mod:`rateloop.admission.gcra`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
+from operator import itemgetter, le
 from typing import NamedTuple
 
 from rateloop.admission.gcra import AIMD, DAY
@@ -23,8 +29,8 @@ from rateloop.route import Cost
 from rateloop.signal import Dimension
 
 __all__ = [
-    "Adjustment",
     "AdmitOp",
+    "AdmitPlan",
     "AdmitResult",
     "Check",
     "CheckKind",
@@ -36,6 +42,7 @@ __all__ = [
     "Tightening",
     "build_checks",
     "class_allowance",
+    "cost_vector",
 ]
 
 
@@ -75,38 +82,44 @@ class CheckKind(StrEnum):
     LEASE = "l"
 
 
+#: Where a check's amount comes from: an index into :func:`cost_vector`.
+REQUESTS, INPUT, OUTPUT, TOKENS, ONE = range(5)
+
+
+def cost_vector(cost: Cost) -> tuple[float, float, float, float, float]:
+    """Every amount a check can take from ``cost``, indexed by ``Check.source``."""
+    i, o = cost.input_tokens, cost.output_tokens
+    return (float(cost.requests), float(i), float(o), float(i + o), 1.0)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Check:
-    """One limited dimension of one scope, for one call.
+    """One limited dimension of one scope, for a priority class -- whatever the cost.
 
     ``capacity`` is the bucket's burst (units), the day window's limit or the
-    number of lease slots; ``allowed`` is how far this call's priority class
-    may fill it -- never less than the call's own ``amount`` when that fits
-    the capacity (see :func:`class_allowance`), so ``amount > allowed`` exactly
-    when the cost exceeds the capacity itself and can never fit.  ``scaled``
-    buckets follow the scope's AIMD factor.
+    number of lease slots; ``share`` is how far the priority class may fill
+    it (for leases: the slots it may hold).  A call's amount is
+    ``cost_vector(cost)[source]`` and its allowance
+    ``class_allowance(share, amount, capacity)``, computed per call by
+    :meth:`AdmitPlan.allowances`.  ``scaled`` buckets follow the scope's
+    AIMD factor.
     """
 
     scope: str
     dimension: Dimension
     kind: CheckKind
     capacity: float
-    allowed: float
-    amount: float = 0.0
+    share: float
+    source: int = REQUESTS
     rate: float = 0.0
     scaled: bool = False
     offset: float = 0.0
     ttl: float = 0.0
 
-    @property
-    def never_fits(self) -> bool:
-        """The cost exceeds the capacity itself: no wait can make it fit."""
-        return self.amount > self.capacity
-
     def __repr__(self) -> str:
         return (
             f"Check({self.scope!r}, {self.dimension.value}, {self.kind.name.lower()}, "
-            f"amount={self.amount:g}, allowed={self.allowed:g}/{self.capacity:g})"
+            f"share={self.share:g}/{self.capacity:g})"
         )
 
 
@@ -123,26 +136,30 @@ def class_allowance(share: float, amount: float, capacity: float) -> float:
     a call may fill up to its own cost, i.e. it waits until the dimension
     is idle and then goes, instead of never fitting.  Only a cost above the
     capacity itself never fits (the allowance then stays below the cost).
+    :meth:`AdmitPlan.allowances` is this function over every check at once.
     """
     return max(share, min(amount, capacity))
 
 
+_MINUTE = (
+    (Dimension.REQUESTS, "requests_per_minute", REQUESTS),
+    (Dimension.INPUT_TOKENS, "input_tokens_per_minute", INPUT),
+    (Dimension.OUTPUT_TOKENS, "output_tokens_per_minute", OUTPUT),
+    (Dimension.TOKENS, "tokens_per_minute", TOKENS),
+)
+
+
 def build_checks(
-    scope: str, spec: LimitSpec, cost: Cost, priority: Priority = Priority.INTERACTIVE
+    scope: str, spec: LimitSpec, priority: Priority = Priority.INTERACTIVE
 ) -> list[Check]:
-    """Every check ``cost`` must pass in ``scope`` under ``spec`` (none if unlimited).
+    """Every check a call must pass in ``scope`` under ``spec`` (none if unlimited).
 
     A bucket's capacity is ``burst × limit`` but at least one unit, so a
     single request always fits a small limit.
     """
     checks: list[Check] = []
-    minute = (
-        (Dimension.REQUESTS, spec.requests_per_minute, cost.requests),
-        (Dimension.INPUT_TOKENS, spec.input_tokens_per_minute, cost.input_tokens),
-        (Dimension.OUTPUT_TOKENS, spec.output_tokens_per_minute, cost.output_tokens),
-        (Dimension.TOKENS, spec.tokens_per_minute, cost.tokens),
-    )
-    for dimension, limit, amount in minute:
+    for dimension, name, source in _MINUTE:
+        limit: int | None = getattr(spec, name)
         if limit is None:
             continue
         capacity = max(spec.burst * limit, 1.0)
@@ -152,33 +169,34 @@ def build_checks(
                 dimension=dimension,
                 kind=CheckKind.BUCKET,
                 capacity=capacity,
-                allowed=class_allowance(
-                    _class_share(capacity, spec.reserve, priority), float(amount), capacity
-                ),
-                amount=float(amount),
+                share=_class_share(capacity, spec.reserve, priority),
+                source=source,
                 rate=limit / 60.0,
                 scaled=True,
             )
         )
     if spec.requests_per_day is not None:
-        limit = spec.requests_per_day
-        common = {
-            "scope": scope,
-            "dimension": Dimension.REQUESTS_PER_DAY,
-            "capacity": float(limit),
-            "allowed": class_allowance(
-                _class_share(float(limit), spec.reserve, priority),
-                float(cost.requests),
-                float(limit),
-            ),
-            "amount": float(cost.requests),
-        }
+        day = float(spec.requests_per_day)
+        share = _class_share(day, spec.reserve, priority)
         if spec.day_window == "fixed":
-            checks.append(
-                Check(kind=CheckKind.DAY, offset=spec.day_reset_minute * 60.0, **common)  # type: ignore[arg-type]
+            check = Check(
+                scope=scope,
+                dimension=Dimension.REQUESTS_PER_DAY,
+                kind=CheckKind.DAY,
+                capacity=day,
+                share=share,
+                offset=spec.day_reset_minute * 60.0,
             )
         else:
-            checks.append(Check(kind=CheckKind.BUCKET, rate=limit / DAY, **common))  # type: ignore[arg-type]
+            check = Check(
+                scope=scope,
+                dimension=Dimension.REQUESTS_PER_DAY,
+                kind=CheckKind.BUCKET,
+                capacity=day,
+                share=share,
+                rate=day / DAY,
+            )
+        checks.append(check)
     if spec.concurrency is not None:
         slots = spec.concurrency
         allowed = max(1, math.floor(slots * (1.0 - priority.rank * spec.reserve) + 1e-9))
@@ -188,20 +206,117 @@ def build_checks(
                 dimension=Dimension.CONCURRENCY,
                 kind=CheckKind.LEASE,
                 capacity=float(slots),
-                allowed=float(allowed),
-                amount=1.0,
+                share=float(allowed),
+                source=ONE,
                 ttl=float(spec.lease_ttl_secs),
             )
         )
     return checks
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitOp:
-    """Admit all ``checks`` at once, or none; deny while any of ``scopes`` is paused."""
+_TOKEN_SOURCES = {INPUT: 0, OUTPUT: 1, TOKENS: 2}
 
-    scopes: tuple[str, ...]
-    checks: tuple[Check, ...]
+
+def _pick_few(sources: tuple[int, ...], vector: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(vector[i] for i in sources)
+
+
+class AdmitPlan:
+    """The cost-independent part of admitting a route at a priority: its checks.
+
+    Built once per (route, priority) and cached by the limiter until limits
+    change; a call then only computes its amounts (:meth:`amounts`, one
+    ``itemgetter`` over :func:`cost_vector`); its allowances are the
+    precomputed ``shares`` unless an amount exceeds its class's share
+    (:meth:`allowances`).  ``refunds`` lists the
+    token buckets a settle adjusts, with the index of their delta in
+    ``(input, output, total)``.  ``last`` remembers the previous call's cost
+    and its prepared values (read and replaced whole, so safe across threads);
+    ``local`` the plan scaled to the local fallback's share.
+    """
+
+    __slots__ = (
+        "capacities",
+        "checks",
+        "fit_shares",
+        "last",
+        "lease_scope",
+        "local",
+        "pick",
+        "priority",
+        "refunds",
+        "scopes",
+        "shares",
+    )
+
+    def __init__(self, scopes: tuple[str, ...], checks: tuple[Check, ...], priority: Priority):
+        self.scopes = scopes
+        self.checks = checks
+        self.priority = priority
+        self.capacities = tuple(c.capacity for c in checks)
+        self.shares = tuple(c.share for c in checks)
+        self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
+        self.refunds = tuple(
+            (c, _TOKEN_SOURCES[c.source])
+            for c in checks
+            if c.kind is CheckKind.BUCKET and c.source in _TOKEN_SOURCES
+        )
+        # The smallest class share of every check per source: a cost within all four
+        # has every allowance equal to its share (the common case, no per-check work).
+        self.fit_shares = tuple(
+            min((c.share for c in checks if c.source == source), default=math.inf)
+            for source in (REQUESTS, INPUT, OUTPUT, TOKENS)
+        )
+        sources = [c.source for c in checks]
+        # ``itemgetter`` of two or more indices returns a tuple; of one, the item.
+        self.pick: Callable[[tuple[float, ...]], tuple[float, ...]] = (
+            itemgetter(*sources) if len(sources) >= 2 else partial(_pick_few, tuple(sources))
+        )
+        self.last: tuple[object, tuple[float, ...], tuple[float, ...], AdmitOp | None] = (
+            None,
+            (),
+            (),
+            None,
+        )
+        self.local: tuple[float, AdmitPlan] | None = None
+
+    def __repr__(self) -> str:
+        return f"AdmitPlan({self.scopes!r}, {self.priority.value}, checks={len(self.checks)})"
+
+    def amounts(self, cost: Cost) -> tuple[float, ...]:
+        """What ``cost`` takes from each check, in the order of ``checks``."""
+        return self.pick(cost_vector(cost))
+
+    def allowances(self, amounts: tuple[float, ...]) -> tuple[float, ...]:
+        """:func:`class_allowance` of every check: how far this call may fill each.
+
+        ``shares`` itself when no amount exceeds its share (then no check
+        needs its cost's help); the limiter tests that case on the cost
+        alone, against ``fit_shares``, before calling this.
+        """
+        if all(map(le, amounts, self.shares)):
+            return self.shares
+        return tuple(map(class_allowance, self.shares, amounts, self.capacities))
+
+    def never_fits(self, amounts: tuple[float, ...]) -> int | None:
+        """The index of the first check whose capacity ``amounts`` exceed, else None."""
+        for i, (amount, capacity) in enumerate(zip(amounts, self.capacities, strict=True)):
+            if amount > capacity:
+                return i
+        return None
+
+
+class AdmitOp(NamedTuple):
+    """Admit all checks of ``plan`` at once with these amounts, or none.
+
+    Denied while any of ``plan.scopes`` is paused.  ``amounts`` and
+    ``allowed`` run parallel to ``plan.checks``.  A NamedTuple (built with
+    ``tuple.__new__`` on the hot path): one is built per admission.
+    """
+
+    plan: AdmitPlan
+    amounts: tuple[float, ...]
+    allowed: tuple[float, ...]
     lease_id: str | None
     aimd: AIMD
 
@@ -222,21 +337,17 @@ class AdmitResult(NamedTuple):
     paused_reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Adjustment:
-    """Change a bucket's level by ``delta`` units (negative: a refund)."""
+class SettleOp(NamedTuple):
+    """Change bucket levels by ``deltas`` (negative: a refund); release the lease.
 
-    check: Check
-    delta: float
+    ``checks`` (token buckets of ``plan``) and ``deltas`` run parallel; the
+    lease, if ``lease_id`` is set, is in ``plan.lease_scope``.  A NamedTuple
+    for the same reason as :class:`AdmitOp`.
+    """
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SettleOp:
-    """Apply the adjustments and release the lease (if any) in ``lease_scope``."""
-
-    scopes: tuple[str, ...]
-    adjustments: tuple[Adjustment, ...]
-    lease_scope: str | None
+    plan: AdmitPlan
+    checks: tuple[Check, ...]
+    deltas: tuple[float, ...]
     lease_id: str | None
     aimd: AIMD
 

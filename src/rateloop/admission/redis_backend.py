@@ -32,8 +32,8 @@ from rateloop.admission.backend import BackendUnreachable
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import (
     AdmitOp,
+    AdmitPlan,
     AdmitResult,
-    Check,
     CheckKind,
     ObserveOp,
     PauseOp,
@@ -56,8 +56,12 @@ __all__ = ["RedisBackend", "redact_url"]
 
 _SCRIPTS = ("admit", "settle", "pause", "observe")
 
-# (checks, op scopes, all scopes, KEYS, ARGV after the lease id and recovery rate)
-_EncodedPlan = tuple[tuple[Check, ...], tuple[str, ...], tuple[str, ...], list[bytes], list[bytes]]
+# What a plan encodes to, whatever the cost: (the plan, all scopes, their 1-based index,
+# KEYS, the admit ARGV after the lease id and recovery rate with amount/allowed left blank).
+_EncodedPlan = tuple[AdmitPlan, tuple[str, ...], dict[str, int], list[bytes], list[bytes]]
+#: In the admit ARGV, after the lease id, recovery rate, poll and nscopes: 9 values per
+#: check, its allowance at offset 4 and its amount at 5 (see admit.lua).
+_HEAD, _PER_CHECK, _ALLOWED, _AMOUNT = 4, 9, 4, 5
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
     "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
@@ -113,7 +117,7 @@ class RedisBackend:
         self._client: redis.Redis | None = None
         self._scripts: dict[str, Script] = {}
         # redis.asyncio connections belong to one event loop: one client per loop.
-        self._admit_cache: dict[int, _EncodedPlan] = {}
+        self._plan_cache: dict[int, _EncodedPlan] = {}
         self._aclients: dict[
             asyncio.AbstractEventLoop, tuple[aredis.Redis, dict[str, AsyncScript]]
         ] = {}
@@ -217,17 +221,28 @@ class RedisBackend:
             return self._encode_observe(op)
         raise TypeError(f"RedisBackend cannot execute {op!r}")
 
+    def _encoded(self, plan: AdmitPlan) -> _EncodedPlan:
+        """The cost-independent encoding of ``plan``: keys and the checks' fixed arguments.
+
+        The limiter caches plans per (route, priority), so this runs once per
+        plan (recognised by identity); a call then fills in its amounts.
+        """
+        cached = self._plan_cache.get(id(plan))
+        if cached is None or cached[0] is not plan:
+            cached = self._encode_plan(plan)
+            if len(self._plan_cache) >= 4096:
+                self._plan_cache.clear()
+            self._plan_cache[id(plan)] = cached
+        return cached
+
     def _encode_admit(self, op: AdmitOp) -> tuple[str, list[Any], list[Any], Any]:
-        # The keys and the per-check arguments only depend on the plan, which the
-        # limiter caches: encode them once per plan (checked by identity).
-        cached = self._admit_cache.get(id(op.checks))
-        if cached is None or cached[0] is not op.checks or cached[1] is not op.scopes:
-            cached = self._encode_plan(op)
-            if len(self._admit_cache) >= 4096:
-                self._admit_cache.clear()
-            self._admit_cache[id(op.checks)] = cached
-        _, _, scopes, keys, tail = cached
+        _, scopes, _, keys, tail = self._encoded(op.plan)
         args: list[Any] = [op.lease_id or "", _fmt(op.aimd.recover_per_second), *tail]
+        at = _HEAD
+        for amount, allowed in zip(op.amounts, op.allowed, strict=True):
+            args[at + _ALLOWED] = _fmt(allowed)
+            args[at + _AMOUNT] = _fmt(amount)
+            at += _PER_CHECK
 
         def decode(reply: list[Any]) -> AdmitResult:
             if len(reply) == 2:
@@ -246,45 +261,43 @@ class RedisBackend:
 
         return "admit", keys, args, decode
 
-    def _encode_plan(self, op: AdmitOp) -> _EncodedPlan:
-        scopes = _scopes_of(op.scopes, (c.scope for c in op.checks))
+    def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
+        lease = [plan.lease_scope] if plan.lease_scope is not None else []
+        scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
         index = {s: i + 1 for i, s in enumerate(scopes)}
         tail = [_fmt(LEASE_POLL_SECONDS), str(len(scopes))]
-        for c in op.checks:
+        for c in plan.checks:
             extra = c.offset if c.kind is CheckKind.DAY else c.ttl
             tail += [
                 str(index[c.scope]),
                 c.dimension.value,
                 c.kind.value,
                 _fmt(c.capacity),
-                _fmt(c.allowed),
-                _fmt(c.amount),
+                "",  # the allowance, per call
+                "",  # the amount, per call
                 _fmt(c.rate),
                 "1" if c.scaled else "0",
                 _fmt(extra),
             ]
         # Pre-encoded: redis-py passes bytes through without converting them again.
         keys = [k.encode() for k in self._keys(scopes)]
-        return (op.checks, op.scopes, scopes, keys, [a.encode() for a in tail])
+        return (plan, scopes, index, keys, [a.encode() for a in tail])
 
-    def _encode_settle(self, op: SettleOp) -> tuple[str, list[str], list[str], Any]:
-        extra = [a.check.scope for a in op.adjustments]
-        if op.lease_scope is not None:
-            extra.append(op.lease_scope)
-        scopes = _scopes_of(op.scopes, extra)
-        index = {s: i + 1 for i, s in enumerate(scopes)}
-        lease_i = index[op.lease_scope] if op.lease_scope and op.lease_id else 0
+    def _encode_settle(self, op: SettleOp) -> tuple[str, list[Any], list[Any], Any]:
+        plan = op.plan
+        _, _, index, keys, _ = self._encoded(plan)
+        lease_scope = plan.lease_scope
+        lease_i = index[lease_scope] if lease_scope and op.lease_id else 0
         args = [_fmt(op.aimd.recover_per_second), str(lease_i), op.lease_id or ""]
-        for a in op.adjustments:
-            c = a.check
+        for c, delta in zip(op.checks, op.deltas, strict=True):
             args += [
                 str(index[c.scope]),
                 c.dimension.value,
                 _fmt(c.rate),
                 "1" if c.scaled else "0",
-                _fmt(a.delta),
+                _fmt(delta),
             ]
-        return "settle", self._keys(scopes), args, float
+        return "settle", keys, args, float
 
     def _encode_observe(self, op: ObserveOp) -> tuple[str, list[str], list[str], Any]:
         a = op.aimd

@@ -24,7 +24,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rateloop.admission.plan import Adjustment, Check, CheckKind, Priority, SettleOp
+from rateloop.admission.plan import AdmitPlan, Check, Priority, SettleOp
 from rateloop.errors import RateloopError
 from rateloop.outcome import Status
 from rateloop.route import Cost, Route
@@ -93,7 +93,7 @@ class AdmissionRejected(RateloopError):
 #: for all is cheaper than a lock per reservation.
 _CLAIM_LOCK = threading.Lock()
 
-_TOKEN_DIMENSIONS = (Dimension.INPUT_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.TOKENS)
+_new_tuple = tuple.__new__
 
 
 class Reservation:
@@ -112,13 +112,11 @@ class Reservation:
     __slots__ = (
         "_done",
         "_limiter",
-        "checks",
         "cost",
         "granted_at",
         "lease_id",
-        "lease_scope",
         "local",
-        "priority",
+        "plan",
         "route",
         "settled_at",
     )
@@ -128,25 +126,39 @@ class Reservation:
         limiter: Limiter,
         route: Route,
         cost: Cost,
-        priority: Priority,
-        checks: tuple[Check, ...],
+        plan: AdmitPlan,
         lease_id: str | None,
-        lease_scope: str | None,
         granted_at: float,
         local: bool,
     ) -> None:
-        """Built by the :class:`Limiter` once per admission (positional: it is hot)."""
+        """Built by the :class:`Limiter` once per admission (positional: it is hot).
+
+        ``plan`` is the one that ran (scaled to the local share when ``local``),
+        so a settle adjusts exactly the buckets that were charged.
+        """
         self._limiter = limiter
         self.route = route
         self.cost = cost
-        self.priority = priority
-        self.checks = checks
+        self.plan = plan
         self.granted_at = granted_at
         self.local = local
-        self.lease_scope = lease_scope
-        self.lease_id = lease_id if lease_scope is not None else None
+        self.lease_id = lease_id if plan.lease_scope is not None else None
         self.settled_at: float | None = None
         self._done = False
+
+    @property
+    def priority(self) -> Priority:
+        return self.plan.priority
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """The checks this reservation passed (amounts: ``plan.amounts(cost)``)."""
+        return self.plan.checks
+
+    @property
+    def lease_scope(self) -> str | None:
+        """The scope holding the concurrency lease, if any."""
+        return self.plan.lease_scope
 
     @property
     def done(self) -> bool:
@@ -164,49 +176,45 @@ class Reservation:
     # -- building the settle operation (pure) -----------------------------------
 
     def _settle_op(self, input_tokens: int, output_tokens: int) -> SettleOp | None:
-        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        actual = {
-            Dimension.INPUT_TOKENS: input_tokens - self.cost.input_tokens,
-            Dimension.OUTPUT_TOKENS: output_tokens - self.cost.output_tokens,
-            Dimension.TOKENS: input_tokens + output_tokens - self.cost.tokens,
-        }
-        return self._op(actual)
+        # ``type(x) is int`` first: the common case, without two isinstance calls.
+        if not (type(input_tokens) is int or _is_count(input_tokens)) or input_tokens < 0:
+            _bad_usage("input_tokens", input_tokens)
+        if not (type(output_tokens) is int or _is_count(output_tokens)) or output_tokens < 0:
+            _bad_usage("output_tokens", output_tokens)
+        cost = self.cost
+        d_in = input_tokens - cost.input_tokens
+        d_out = output_tokens - cost.output_tokens
+        return self._op((d_in, d_out, d_in + d_out))
 
     def _release_op(self) -> SettleOp | None:
-        return self._op(
-            {
-                Dimension.INPUT_TOKENS: -self.cost.input_tokens,
-                Dimension.OUTPUT_TOKENS: -self.cost.output_tokens,
-                Dimension.TOKENS: -self.cost.tokens,
-            }
-        )
+        cost = self.cost
+        return self._op((-cost.input_tokens, -cost.output_tokens, -cost.tokens))
 
-    def _op(self, deltas: dict[Dimension, int]) -> SettleOp | None:
-        adjustments = tuple(
-            Adjustment(check=c, delta=float(deltas[c.dimension]))
-            for c in self.checks
-            if c.kind is CheckKind.BUCKET
-            and c.dimension in _TOKEN_DIMENSIONS
-            and deltas[c.dimension] != 0
-        )
-        if not adjustments and self.lease_id is None:
+    def _op(self, deltas: tuple[int, int, int]) -> SettleOp | None:
+        """The settle operation: ``deltas`` are (input, output, total) tokens to add."""
+        checks: list[Check] = []
+        values: list[float] = []
+        for check, index in self.plan.refunds:
+            delta = deltas[index]
+            if delta:
+                checks.append(check)
+                values.append(float(delta))
+        if not checks and self.lease_id is None:
             return None
-        return SettleOp(
-            scopes=self.route.scopes,
-            adjustments=adjustments,
-            lease_scope=self.lease_scope,
-            lease_id=self.lease_id,
-            aimd=self._limiter.aimd,
+        return _new_tuple(
+            SettleOp,
+            (self.plan, tuple(checks), tuple(values), self.lease_id, self._limiter.aimd),
         )
 
     def _claim(self) -> bool:
-        with _CLAIM_LOCK:
+        _CLAIM_LOCK.acquire()  # not ``with``: half the cost, same guarantee
+        try:
             if self._done:
                 return False
             self._done = True
             return True
+        finally:
+            _CLAIM_LOCK.release()
 
     def _unclaim(self) -> None:
         with _CLAIM_LOCK:
@@ -281,3 +289,11 @@ class Reservation:
             await self.arelease()
         else:
             await self.asettle(self.cost.input_tokens, self.cost.output_tokens)
+
+
+def _bad_usage(name: str, value: object) -> None:
+    raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
