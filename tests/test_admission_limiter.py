@@ -67,7 +67,7 @@ def test_reserve_raises_admission_timeout_without_waiting_past_the_deadline(
     for _ in range(6):
         limiter.reserve(ROUTE, Cost())
     with pytest.raises(AdmissionTimeout) as info:
-        limiter.reserve(ROUTE, Cost(), deadline=clock.monotonic() + 5.0)
+        limiter.reserve(ROUTE, Cost(), deadline=5.0)
     err = info.value
     assert clock.sleeps == []
     assert err.retry_after == pytest.approx(10.0)
@@ -373,3 +373,15 @@ def test_groq_daily_remaining_tightens_requests_per_day(clock: FakeClock) -> Non
     denied = limiter.try_reserve(route, Cost())
     assert isinstance(denied, Denied)
     assert denied.dimension is Dimension.REQUESTS_PER_DAY
+
+
+def test_reserve_takes_a_datetime_deadline_too(clock: FakeClock) -> None:
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1)}, clock=clock)
+    limiter.try_reserve(ROUTE, Cost())
+    with pytest.raises(AdmissionTimeout):
+        limiter.reserve(ROUTE, Cost(), deadline=clock.now() + timedelta(seconds=5))
+    assert clock.sleeps == []
+    granted = limiter.reserve(ROUTE, Cost(), deadline=clock.now() + timedelta(seconds=90))
+    assert granted and clock.sleeps and clock.sleeps[0] <= 61
+    with pytest.raises(ValueError, match="seconds from now"):
+        limiter.reserve(ROUTE, Cost(), deadline="soon")  # type: ignore[arg-type]

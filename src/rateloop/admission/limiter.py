@@ -616,15 +616,16 @@ class Limiter:
         cost: Cost,
         *,
         priority: str = "interactive",
-        deadline: float | None = None,
+        deadline: datetime | float | None = None,
     ) -> Reservation:
         """Wait until every dimension of every scope admits ``cost`` at once.
 
-        ``deadline`` is on the clock's monotonic scale; when the wait would pass
-        it, raise :class:`AdmissionTimeout` at once instead of waiting.  A cost
-        that can never fit raises :class:`AdmissionRejected`.
+        ``deadline`` is an aware datetime or seconds from now (as for
+        :meth:`rateloop.RateLoop.call`); when the wait would pass it, raise
+        :class:`AdmissionTimeout` at once instead of waiting.  A cost that can
+        never fit raises :class:`AdmissionRejected`.
         """
-        return self._drive(self._reserve_flow(route, cost, priority, deadline))
+        return self._drive(self._reserve_flow(route, cost, priority, self._until(deadline)))
 
     async def areserve(
         self,
@@ -632,9 +633,26 @@ class Limiter:
         cost: Cost,
         *,
         priority: str = "interactive",
-        deadline: float | None = None,
+        deadline: datetime | float | None = None,
     ) -> Reservation:
-        return await self._adrive(self._reserve_flow(route, cost, priority, deadline))
+        """Await capacity; see :meth:`reserve`."""
+        return await self._adrive(
+            self._reserve_flow(route, cost, priority, self._until(deadline))
+        )
+
+    def _until(self, deadline: datetime | float | None) -> float | None:
+        """A deadline (aware datetime, or seconds from now) on the monotonic clock."""
+        if deadline is None:
+            return None
+        if isinstance(deadline, datetime):
+            if deadline.tzinfo is None:
+                raise ValueError(f"deadline must be timezone-aware, got {deadline!r}")
+            return self._clock.monotonic() + (deadline - self._clock.now()).total_seconds()
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+            raise ValueError(
+                f"deadline must be an aware datetime or seconds from now, got {deadline!r}"
+            )
+        return self._clock.monotonic() + float(deadline)
 
     def pause(self, scope: str, until: datetime | float, reason: str) -> None:
         """Pause ``scope`` (and every narrower scope) for every worker until ``until``.
