@@ -15,10 +15,13 @@ clock.  It answers with one of four decisions:
 
 The rules, in order:
 
+0. Before an attempt (no signal yet): ``Proceed`` while the attempt budget
+   lasts and the caller's deadline has not passed.
 1. ``ok`` ends the call: ``completed`` on the primary, ``degraded`` on a fallback.
-2. ``period_quota`` and ``spend`` never retry the same route.  They may move
-   to a fallback on *another provider*; otherwise ``waiting_for_reset``
-   (period quota, with ``retry_at``) or ``needs_operator`` (spend).
+2. ``period_quota`` and ``spend`` never retry the same route.  Outside the
+   ``rate-limit`` scope they may move to a fallback on *another provider*;
+   otherwise ``waiting_for_reset`` (period quota, with ``retry_at``) or
+   ``needs_operator`` (spend).
 3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
    ``invalid``, ``needs_operator`` (permission), or ``failed_retry_exhausted``
    with a reason saying it was not retried.
@@ -27,9 +30,11 @@ The rules, in order:
    the next eligible route.  A server minimum (Retry-After, reset header) is a
    floor on a same-route wait; when it does not fit the pause limit, the
    recovery budget or the deadline, the call stops ``waiting_for_capacity``
-   with the time to retry at, without sleeping.  A backoff wait of our own
-   that does not fit is shortened to the time that is left; with no time
-   left the call is ``failed_retry_exhausted``.
+   with the time to retry at, without sleeping.  No wait that would end at or
+   after the caller's deadline is taken, jitter included.  A backoff wait of
+   our own that does not fit the loop's own budgets (recovery,
+   ``max_wait_secs``) is shortened to what is left of them; with nothing left
+   the call is ``failed_retry_exhausted``.
 """
 
 from __future__ import annotations
