@@ -157,3 +157,17 @@ def test_console_script_runs_config_check() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "effective policy" in out.stdout
+
+
+def test_config_check_never_prints_a_connection_password(tmp_path: Path) -> None:
+    from rateloop.policy import Policy
+
+    path = tmp_path / "p.toml"
+    path.write_text('[admission]\nbackend = "redis://app:s3cret@127.0.0.1:6379/0"\n')
+    out = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "s3cret" not in out.output
+    assert 'admission.backend = "redis://app:***@127.0.0.1:6379/0"' in out.output
+    policy = Policy.from_toml(path)
+    assert "s3cret" not in repr(policy) and "s3cret" not in repr(policy.admission)
+    assert policy.admission.backend.endswith("s3cret@127.0.0.1:6379/0")  # the value itself is kept

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rateloop._redact import redact_url
 from rateloop.errors import ConfigError
 from rateloop.policy import Layer, Policy
 from rateloop.route import Route
@@ -71,7 +72,7 @@ def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return f'"{value}"'
+        return f'"{redact_url(value)}"'
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, Route):

@@ -25,6 +25,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from rateloop._redact import redact
+
 if TYPE_CHECKING:
     from rateloop.signal import LimitSignal
 
@@ -41,17 +43,6 @@ __all__ = [
 EventSink = Callable[["CapacityEvent"], None]
 
 _TOKEN = re.compile(r"[^A-Za-z0-9_.:/\-]")
-# Shapes of API keys and bearer tokens of the providers rateloop knows.
-_SECRET = re.compile(
-    r"(sk-[A-Za-z0-9_\-]{8,}|AIza[A-Za-z0-9_\-]{20,}|gsk_[A-Za-z0-9]{16,}"
-    r"|xox[abposr]-[A-Za-z0-9\-]{10,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|AKIA[0-9A-Z]{16}|[Bb]earer[\s_]+\S+)"
-)
-
-
-def redact(text: str) -> str:
-    """Replace anything shaped like an API key or a bearer token with ``[redacted]``."""
-    return _SECRET.sub("[redacted]", text)
 
 
 def _safe_token(value: str | None, limit: int = 96) -> str | None:

@@ -26,8 +26,8 @@ import asyncio
 import threading
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from rateloop._redact import redact_url
 from rateloop.admission.backend import BackendUnreachable
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import (
@@ -68,17 +68,6 @@ _HOW_TO_START = (
 )
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _script_text(name: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
+from rateloop._redact import redact_url
 from rateloop.admission.spec import LimitSpec
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.errors import ConfigError
@@ -123,6 +124,12 @@ class AdmissionPolicy:
         errors = _check(self, _table_paths("admission", SCHEMA["admission"]))
         if errors:
             raise ConfigError.many(errors)
+
+    def __repr__(self) -> str:
+        return (
+            f"AdmissionPolicy(backend={redact_url(self.backend)!r}, "
+            f"on_unreachable={self.on_unreachable!r}, local_share={self.local_share!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
