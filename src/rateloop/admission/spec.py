@@ -105,13 +105,15 @@ class LimitSpec:
         try:
             return cls(**dict(data))
         except ConfigError as exc:
-            for err in exc.errors:
-                err.source = source
-                err.key = f"{prefix}{err.key}" if err.key else key
+            # The dataclass validated without knowing where the values came from.
             raise ConfigError.many(
                 [
                     ConfigError(
-                        e.detail, source=source, key=e.key, value=e.value, allowed=e.allowed
+                        e.detail,
+                        source=source,
+                        key=f"{prefix}{e.key}" if e.key else key,
+                        value=e.value,
+                        allowed=e.allowed,
                     )
                     for e in exc.errors
                 ]

@@ -9,7 +9,7 @@ how many calls reached the provider.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rateloop.route import Route
@@ -60,9 +60,6 @@ class FaultScript:
         if callable(item):
             return item(route)
         return item
-
-    def extend(self, items: Iterable[object], model: str | None = None) -> None:
-        self._scripts.setdefault(model, []).extend(items)
 
     def __repr__(self) -> str:
         return f"FaultScript(calls={len(self.calls)})"
