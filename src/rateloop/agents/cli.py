@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from rateloop.agents.command import Agent
+from rateloop.agents.command import Agent, step_label
 from rateloop.agents.runner import exit_code_for, run_step
 from rateloop.agents.settings import (
     SettingsLayer,
@@ -24,6 +24,7 @@ from rateloop.agents.settings import (
     layer_from_policy,
     resolve_settings,
 )
+from rateloop.agents.signals import StepInterrupted, stop_on_signals
 from rateloop.errors import ConfigError
 
 __all__ = ["EXIT_USAGE", "register"]
@@ -41,7 +42,9 @@ Only a failed run whose output carries a rate-limit signal is retried, after
 min(base·2^(n−1), max) seconds; every other failure stops at once with the
 child's exit code.  Exit codes: 0 success, the child's code for other
 failures, 75 when the rate limit outlasted the retries or a usage quota is
-spent until a later reset, 124 on timeout, 65 when the result is unusable.
+spent until a later reset, 124 on timeout, 65 when the result is unusable,
+128+N when rateloop run itself receives signal N (SIGINT 130, SIGTERM 143,
+SIGHUP 129; the agent's whole process group is ended first).
 """
 
 
@@ -146,15 +149,26 @@ def run_command(
         env=layer_from_env(os.environ),
         policy=policy_layer,
     )
-    outcome = run_step(
-        command,
-        agent=agent,
-        model=model,
-        timeout=timeout,
-        label=label,
-        settings=settings,
-        input=sys.stdin.buffer.read() if stdin else None,
-    )
+    try:
+        with stop_on_signals():
+            outcome = run_step(
+                command,
+                agent=agent,
+                model=model,
+                timeout=timeout,
+                label=label,
+                settings=settings,
+                input=sys.stdin.buffer.read() if stdin else None,
+            )
+    except StepInterrupted as stop:
+        # run_attempt has already ended the agent's process group.
+        name = label or (step_label(command) if command and command[0] else "the step")
+        typer.echo(
+            f"Error: {name} stopped: rateloop run received {stop.name};"
+            " the agent's process group was ended.",
+            err=True,
+        )
+        raise typer.Exit(stop.exit_code) from None
     if outcome.ok and isinstance(outcome.value, str):
         sys.stdout.write(outcome.value)
         sys.stdout.flush()
