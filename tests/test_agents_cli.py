@@ -177,3 +177,18 @@ def test_environment_knobs_end_to_end(
     assert _runs(tmp_path) == runs
     assert f"({runs} attempts total)" in done.stderr
 
+
+
+def test_a_failure_shows_the_agents_own_last_lines(tmp_path: Path) -> None:
+    key = "sk-ant-api03-" + "k" * 40
+    path, env = _agent(
+        tmp_path, "claude", [{"stdout": f"Invalid API key · Please run /login\n{key}\n", "exit": 1}]
+    )
+    done = _run(["--", str(path), "-p", "x"], env)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "--- last 2 lines of claude's stdout ---\n"
+        "Invalid API key · Please run /login\n"
+        "[redacted]\n"
+        "Error: claude failed (exit 1)\n"
+    )

@@ -22,6 +22,7 @@ __all__ = [
     "RULE",
     "exhausted_message",
     "format_seconds",
+    "is_terminal",
     "period_quota_message",
     "rate_limit_banner",
     "wait_visibly",
@@ -97,7 +98,8 @@ def _human_duration(seconds: float) -> str:
     return f"{minutes}m"
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (False for closed or exotic streams)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # closed or exotic streams
@@ -112,7 +114,7 @@ def wait_visibly(clock: Clock, seconds: float, stream: TextIO) -> None:
     """
     if seconds <= 0:
         return
-    if not _is_terminal(stream):
+    if not is_terminal(stream):
         clock.sleep(seconds)
         return
     remaining = seconds

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from rateloop._clock import Clock, system_clock
-from rateloop.agents.banner import rate_limit_banner, wait_visibly
+from rateloop.agents.banner import is_terminal, rate_limit_banner, wait_visibly
 from rateloop.agents.command import (
     AUTO_MODEL,
     CODEX_OUTPUT_FLAG,
@@ -230,6 +230,8 @@ def _attempt(
                 result, error = _read_codex_message(Path(codex_path), limit)
             else:
                 result, error = _read_stdout(out, limit)
+    stdout_text = stdout_tail.decode("utf-8", "replace")
+    stderr_text = proc.stderr_tail.decode("utf-8", "replace")
     report = AttemptReport(
         exit_code=proc.returncode,
         timed_out=proc.timed_out,
@@ -237,11 +239,10 @@ def _attempt(
         result=result,
         result_error=error,
         start_error=proc.start_error,
+        stdout_tail=stdout_text,
+        stderr_tail=stderr_text,
     )
-    text = (
-        stdout_tail.decode("utf-8", "replace") + "\n" + proc.stderr_tail.decode("utf-8", "replace")
-    )
-    return report, text
+    return report, stdout_text + "\n" + stderr_text
 
 
 @contextlib.contextmanager
@@ -315,6 +316,11 @@ def _say(stream: TextIO, text: str) -> None:
         pass  # our stderr is gone; the Outcome still says everything
 
 
+def _colors(stream: TextIO) -> bool:
+    """Dim text only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return is_terminal(stream) and not os.environ.get("NO_COLOR")
+
+
 def _route(agent: Agent, model: str | None) -> Route | None:
     # A model name Route cannot hold (e.g. with ':') just leaves the outcome without a route.
     try:
@@ -373,6 +379,8 @@ def _finish(
     if decision.note:
         _say(stream, decision.note)
     if isinstance(decision.value, StepFailure):
+        if decision.value.excerpt is not None:
+            _say(stream, decision.value.excerpt.render(loop.label, color=_colors(stream)))
         _say(stream, decision.value.message)
     return Outcome(
         status=decision.status,

@@ -28,6 +28,7 @@ from datetime import datetime
 
 from rateloop.agents.banner import exhausted_message, format_seconds, period_quota_message
 from rateloop.agents.command import AUTO_MODEL, Agent
+from rateloop.agents.excerpt import OutputExcerpt, excerpt_of
 from rateloop.agents.settings import AgentSettings
 from rateloop.outcome import Status
 from rateloop.signal import Kind, LimitSignal
@@ -80,6 +81,8 @@ class AttemptReport:
     signal).  ``result`` is the attempt's result text when it exited 0 and
     the result was usable; ``result_error`` says why it was not.
     ``start_error`` is set when the command could not be started at all.
+    ``stdout_tail`` and ``stderr_tail`` are the ends of the attempt's own
+    output (decoded), shown when the step fails.
     """
 
     exit_code: int
@@ -88,6 +91,8 @@ class AttemptReport:
     result: str | None = None
     result_error: str | None = None
     start_error: str | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,12 +111,16 @@ class StepFailure:
     ``exit_code`` is what ``rateloop run`` exits with; ``child_exit_code`` is
     the last attempt's own return code (None when it was killed on timeout
     or never started).  ``message`` is the error printed on stderr.
+    ``excerpt`` is the end of the failed attempt's own output (cleaned and
+    redacted), printed under a dim header before the message; None when the
+    attempt printed nothing, timed out or never started.
     """
 
     exit_code: int
     message: str
     child_exit_code: int | None = None
     timed_out: bool = False
+    excerpt: OutputExcerpt | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,11 +252,15 @@ class StepLoop:
         signal: LimitSignal | None = None,
     ) -> Finish:
         child = None if report.timed_out or report.start_error is not None else report.exit_code
+        excerpt = None
+        if child is not None and child != 0:
+            excerpt = excerpt_of(stderr=report.stderr_tail, stdout=report.stdout_tail)
         failure = StepFailure(
             exit_code=exit_code,
             message=message,
             child_exit_code=child,
             timed_out=report.timed_out,
+            excerpt=excerpt,
         )
         first_line = message.splitlines()[0].removeprefix("Error: ")
         return Finish(
