@@ -164,7 +164,9 @@ def test_stdin_is_read_once_and_fed_to_every_attempt(tmp_path: Path) -> None:
         ({"RATELOOP_MAX_RETRIES": "abc"}, 6),  # unparseable: the default 5 retries
         ({"AMPLIHACK_RATELIMIT_MAX_RETRIES": "2"}, 3),  # amplihack's name is an alias
         ({"RATELOOP_MAX_RETRIES": "1", "AMPLIHACK_RATELIMIT_MAX_RETRIES": "3"}, 2),  # ours wins
-        ({"RATELOOP_MAX_RETRIES": "-4"}, 1),  # clamped to 0 retries
+        ({"RATELOOP_MAX_RETRIES": "-1"}, 6),  # not a u32: the default 5 retries
+        ({"RATELOOP_MAX_RETRIES": "+2"}, 3),  # Rust's u32 parse takes a leading '+'
+        ({"RATELOOP_MAX_RETRIES": "0"}, 1),
     ],
 )
 def test_environment_knobs_end_to_end(

@@ -13,6 +13,16 @@ Environment parsing is lenient on purpose: these variables are set by CI
 systems and recipe runners the step cannot control, and a typo there must
 not crash a long agent run.  An unset, empty or unparseable value is treated
 as unset (so the layer below, usually the default, applies).
+
+The parse follows amplihack's published contract (``v.trim().parse::<u32>()``
+for the retry count, ``parse::<u64>()`` for the delays) so that the same
+``AMPLIHACK_RATELIMIT_*`` value means the same thing here: the retry count is
+an unsigned 32-bit decimal (optional ``+``, ASCII digits, at most
+4294967295, surrounding whitespace ignored), and ``-1``, ``2.5``, ``1e3``,
+``0x10`` or ``4294967296`` are rejected, so the default applies; it is then
+clamped to ``MAX_RETRIES_LIMIT``.  Delays accept what the contract accepts
+plus fractions (``2.5``); a negative, NaN or infinite delay is rejected too
+(the default, not "no waits").
 """
 
 from __future__ import annotations
@@ -171,11 +181,11 @@ def layer_from_env(environ: Mapping[str, str]) -> SettingsLayer:
         return None
 
     return SettingsLayer(
-        max_retries=lookup("max_retries", _parse_int),
+        max_retries=lookup("max_retries", _parse_u32),
         base_delay_secs=lookup("base_delay_secs", _parse_secs),
         max_delay_secs=lookup("max_delay_secs", _parse_secs),
         fallback_auto_model=lookup("fallback_auto_model", _parse_switch),
-        max_step_output_bytes=lookup("max_step_output_bytes", _parse_int),
+        max_step_output_bytes=lookup("max_step_output_bytes", _parse_u64),
     )
 
 
@@ -199,26 +209,57 @@ def layer_from_policy(path: str | os.PathLike[str]) -> SettingsLayer:
 # -- lenient parsers ---------------------------------------------------------------------------
 
 
-def _parse_int(raw: str | None) -> int | None:
-    """A whole number, or None.  ``"7"``, ``" 7 "`` and ``"7.0"`` are 7; ``"abc"`` is None."""
-    value = _parse_secs(raw)
-    if value is None or value != math.floor(value):
+# Rust's str::trim strips the Unicode White_Space characters, which are not quite
+# Python's str.isspace (that also counts U+001C..U+001F).
+_RUST_WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+
+
+def _parse_unsigned(raw: str | None, limit: int) -> int | None:
+    """What Rust's ``raw.trim().parse::<uN>()`` accepts, or None.
+
+    An optional ``+``, then ASCII digits only (no ``-``, no ``_``, no other
+    scripts' digits, no fraction or exponent), at most ``limit``.
+
+    >>> [_parse_u32(v) for v in ("7", " +7 ", "-1", "2.5", "4294967295", "4294967296", "")]
+    [7, 7, None, None, 4294967295, None, None]
+    """
+    if raw is None:
         return None
-    return int(value)
+    text = raw.strip(_RUST_WHITESPACE)
+    if text.startswith("+"):
+        text = text[1:]
+    if not text or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= limit else None
+
+
+def _parse_u32(raw: str | None) -> int | None:
+    return _parse_unsigned(raw, _U32_MAX)
+
+
+def _parse_u64(raw: str | None) -> int | None:
+    return _parse_unsigned(raw, _U64_MAX)
 
 
 def _parse_secs(raw: str | None) -> float | None:
-    """A finite number, or None (unset, empty, garbage, NaN and infinities are None)."""
+    """A finite number of seconds >= 0, or None (unset, empty, garbage, negative, NaN, inf)."""
     if raw is None:
         return None
-    text = raw.strip()
-    if not text:
+    text = raw.strip(_RUST_WHITESPACE)
+    # float() would also take "1_000" and other scripts' digits; a delay is plain ASCII.
+    if not text or not text.isascii() or "_" in text:
         return None
     try:
         value = float(text)
     except ValueError:
         return None
-    if not math.isfinite(value):
+    if not math.isfinite(value) or value < 0:
         return None
     return value
 
