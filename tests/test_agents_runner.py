@@ -454,3 +454,20 @@ def _run_quietly(agent: FakeAgent) -> str:
     err = io.StringIO()
     run_step([str(agent.path)], settings=_settings(), env=agent.env, stderr=err)
     return err.getvalue()
+
+
+def test_an_overloaded_provider_is_named_in_the_banner(install: Install) -> None:
+    overloaded = {
+        "stderr": 'API Error: 529 {"type":"error","error":{"type":"overloaded_error",'
+        '"message":"Overloaded"}}\n',
+        "exit": 1,
+    }
+    agent = install("claude", [overloaded, RATE_LIMITED, {"stdout": "done"}])
+    err = io.StringIO()
+    outcome = run_step([str(agent.path)], settings=_settings(), env=agent.env, stderr=err)
+    assert outcome.status is Status.COMPLETED
+    text = err.getvalue()
+    assert '⏳ OVERLOADED detected (signal: "overloaded")\n' in text
+    assert "   The provider is over capacity (not your limit)." in text
+    assert text.count("⏳ RATE LIMIT detected") == 1  # the second attempt was a throttle
+    assert text.index("OVERLOADED") < text.index("RATE LIMIT")

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TextIO
 
 from rateloop._clock import Clock
+from rateloop.signal import Kind
 
 __all__ = [
     "RULE",
@@ -39,9 +40,19 @@ def format_seconds(seconds: float) -> str:
 
 
 def rate_limit_banner(
-    *, signal: str, wait: float, retry: int, max_retries: int, attempt: int, total: int
+    *,
+    signal: str,
+    wait: float,
+    retry: int,
+    max_retries: int,
+    attempt: int,
+    total: int,
+    kind: Kind = Kind.TEMPORARY,
 ) -> str:
     """The banner printed before every wait (``retry`` counts from 1, ``attempt`` is the next run).
+
+    Its headline names what was detected: ``RATE LIMIT`` for a throttle,
+    ``OVERLOADED`` for an overloaded provider (529, ``overloaded_error``).
 
     >>> print(rate_limit_banner(signal="hit your rate limit", wait=60, retry=1,
     ...                         max_retries=5, attempt=2, total=6))  # doctest: +ELLIPSIS
@@ -51,11 +62,17 @@ def rate_limit_banner(
        Waiting 60s before retry 1/5 (attempt 2 of 6) ...
     ====...
     """
+    if kind is Kind.OVERLOAD:
+        headline = f'⏳ OVERLOADED detected (signal: "{signal}")'
+        why = "   The provider is over capacity (not your limit). This is transient — backing off."
+    else:
+        headline = f'⏳ RATE LIMIT detected (signal: "{signal}")'
+        why = "   Agent step throttled by the provider. This is transient — backing off."
     return "\n".join(
         (
             RULE,
-            f'⏳ RATE LIMIT detected (signal: "{signal}")',
-            "   Agent step throttled by the provider. This is transient — backing off.",
+            headline,
+            why,
             f"   Waiting {format_seconds(wait)}s before retry {retry}/{max_retries}"
             f" (attempt {attempt} of {total}) ...",
             RULE,

@@ -137,7 +137,8 @@ def run_step(
                         retry=decision.retry,
                         max_retries=settings.max_retries,
                         attempt=decision.retry + 1,
-                        total=settings.max_executions,
+                        total=plan.total,
+                        kind=decision.signal.kind,
                     ),
                 )
                 wait_visibly(clock, decision.wait, stream)
