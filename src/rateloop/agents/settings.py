@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
@@ -41,13 +42,16 @@ __all__ = [
     "DEFAULT_MAX_DELAY_SECS",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_STEP_OUTPUT_BYTES",
+    "DEFAULT_WAIT_FOR_RESET",
     "ENV_ALIASES",
     "ENV_KEYS",
     "MAX_RETRIES_LIMIT",
+    "MAX_WAIT_FOR_RESET",
     "AgentSettings",
     "SettingsLayer",
     "layer_from_env",
     "layer_from_policy",
+    "parse_wait_limit",
     "resolve_settings",
 ]
 
@@ -56,6 +60,13 @@ DEFAULT_BASE_DELAY_SECS = 60.0
 DEFAULT_MAX_DELAY_SECS = 600.0
 DEFAULT_MAX_STEP_OUTPUT_BYTES = 10_000_000
 _T = TypeVar("_T")
+
+#: ``--wait-for-reset`` without a value: wait for a reset up to 6 hours away.
+DEFAULT_WAIT_FOR_RESET = 6 * 3600.0
+#: The longest ``--wait-for-reset`` accepted: a week (the longest agent usage window).
+MAX_WAIT_FOR_RESET = 7 * 86_400.0
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_WAIT_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 #: ``max_retries`` above this is clamped: a step is never run more than 101 times.
 MAX_RETRIES_LIMIT = 100
@@ -280,3 +291,25 @@ def _delay(value: float, default: float) -> float:
     if math.isnan(value):
         return default
     return round(min(max(float(value), 0.0), MAX_WAIT_SECONDS), 3)
+
+
+def parse_wait_limit(text: str) -> float:
+    """``--wait-for-reset``'s MAX in seconds: ``3600``, ``90m``, ``6h``, ``1h30m``, ``1.5h``.
+
+    A bare number is seconds.  Raises :class:`ValueError` naming the value and
+    the accepted forms when it is malformed, not positive, or over a week.
+
+    >>> parse_wait_limit("90m"), parse_wait_limit("1h30m"), parse_wait_limit("3600")
+    (5400.0, 5400.0, 3600.0)
+    """
+    raw = text.strip().lower()
+    forms = "seconds (3600) or a duration like 90m, 6h, 1h30m, 2d"
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        seconds = float(raw)
+    elif re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd])+", raw):
+        seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _WAIT_PART.findall(raw))
+    else:
+        raise ValueError(f"{text!r} is not a wait limit: give {forms}")
+    if not 0 < seconds <= MAX_WAIT_FOR_RESET:
+        raise ValueError(f"{text!r} must be more than 0 and at most 7d (a week); give {forms}")
+    return seconds
