@@ -183,6 +183,7 @@ def _codex_fixed(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
 _PREMIUM = re.compile(r"exceeded your premium (?:model )?request allowance\b")
 _NO_QUOTA = re.compile(r"you have no quota\b|\"quota_exceeded\"")
 _COPILOT_LIMIT = re.compile(r"hit a rate limit that restricts the number of copilot")
+_COPILOT_RESET = re.compile(r"hit your rate limit\. please wait for your limit to reset")
 
 
 def _first_of_next_month(now: datetime) -> datetime:
@@ -200,6 +201,8 @@ def _copilot(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
         return Reading(Kind.SPEND, "no quota", "github")
     if find(_COPILOT_LIMIT, low) is not None:
         return Reading(Kind.TEMPORARY, "copilot rate limit", "github", wait=wait_in(low))
+    if find(_COPILOT_RESET, low) is not None:
+        return Reading(Kind.TEMPORARY, "hit your rate limit", "github", wait=wait_in(low))
     return None
 
 
@@ -208,7 +211,9 @@ def _copilot(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
 _CAPACITY = re.compile(r"exhausted your capacity on this model\b")
 _QUOTA_METRIC = re.compile(r"quota exceeded for quota metric '([^'\n]{0,200})'"
                            r"(?: and limit '([^'\n]{0,200})')?")
-_DAILY_QUOTA = re.compile(r"exhausted your daily quota\b|reached your daily [^\n]{0,60}?quota")
+_DAILY_QUOTA = re.compile(r"exhausted your daily quota\b|reached your daily\s[\s\S]{0,60}?quota")
+_GOOGLE_QUOTA = re.compile(r"exceeded your current quota\b")
+_GOOGLE_MARKS = ("googleapis.com", "ai.google.dev", "generativelanguage", "gemini")
 _FALLBACK = re.compile(r"automatically switching from [^\n]{1,80}? to ")
 _NO_CAPACITY = re.compile(r"no capacity available for model\b")
 
@@ -232,6 +237,15 @@ def _gemini(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
         return Reading(Kind.PERIOD_QUOTA, matched, "google", reset_at=next_pacific_midnight(now))
     if find(_NO_CAPACITY, low) is not None:
         return Reading(Kind.OVERLOAD, "no capacity available", "google")
+    if find(_GOOGLE_QUOTA, low) is not None and any(mark in low for mark in _GOOGLE_MARKS):
+        # Google's sentence for every quota 429: which limit only the rest says.
+        period = period_of(low)
+        if period is not None:
+            reset_at = next_pacific_midnight(now) if "day" in period[0] else None
+            return Reading(Kind.PERIOD_QUOTA, "exceeded your current quota", "google",
+                           wait=wait_in(low), reset_at=reset_at, dimension=period[1])
+        return Reading(Kind.TEMPORARY, "exceeded your current quota", "google",
+                       wait=wait_in(low), dimension=dimension_of(low))
     return None
 
 

@@ -143,7 +143,8 @@ _TOO_LARGE = re.compile(
     r"request too large\b|request_too_large\b|request entity too large\b|"
     r"prompt is too long\b|exceeds the maximum allowed number of bytes|"
     r"maximum context length\b|context_length_exceeded\b|"
-    r"exceeds (?:the )?(?:model(?:'s)? )?context window\b"
+    r"exceeds (?:the )?(?:model(?:'s)? )?context window\b|"
+    r"out of room in the model's context window"
 )
 
 

@@ -74,7 +74,8 @@ _RATE: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"too many requests\b", "too many requests"),
         (r"rate[\s_-]?limit", "rate limit"),
         (r"reset in\b", "reset in"),
-        (r"resource[\s_-]?exhausted\b", "resource exhausted"),
+        (r"resource[\s_-]?exhausted\b|resource has been exhausted\b", "resource exhausted"),
+        (r"speed[\s_-]limited\b|limited to speed\b", "rate limit"),
         (r"throttl(?:ed|ing)", "throttled"),
     )
 )
@@ -87,8 +88,8 @@ _OTHER: tuple[tuple[re.Pattern[str], str, Kind], ...] = tuple(
         (r"authentication (?:failed|error|required)\b", "authentication failed",
          Kind.PERMISSION),
         (r"unauthori[sz]ed\b", "unauthorized", Kind.PERMISSION),
-        (r"invalid (?:api[ _-]?key|x-api-key|bearer token|token)\b", "invalid api key",
-         Kind.PERMISSION),
+        (r"invalid (?:api[ _-]?key|x-api-key|bearer token|token)\b|api key not valid\b",
+         "invalid api key", Kind.PERMISSION),
         (r"not logged in\b|please run /login\b", "not logged in", Kind.PERMISSION),
         (r"40[13](?![\w.])", "401", Kind.PERMISSION),
         (r"(?:api error|status|http|error)(?: code)?:? ?(?:400|404|413|422)\b", "4xx",
@@ -96,8 +97,8 @@ _OTHER: tuple[tuple[re.Pattern[str], str, Kind], ...] = tuple(
         (r"econnreset\b|connection reset\b", "connection reset", Kind.NETWORK),
         (r"etimedout\b|connection timed out\b|request timed out\b", "timed out", Kind.NETWORK),
         (r"econnrefused\b|connection refused\b", "connection refused", Kind.NETWORK),
-        (r"socket hang up\b|network error\b|fetch failed\b|enotfound\b|connection error\b",
-         "network error", Kind.NETWORK),
+        (r"socket hang up\b|network error\b|fetch failed\b|enotfound\b|connection error\b|"
+         r"stream disconnected\b|error sending request\b", "network error", Kind.NETWORK),
         (r"internal server error\b|bad gateway\b|service unavailable\b|gateway timeout\b|"
          r"(?:http|status|api error:?)\s?50[0234]\b",
          "server error", Kind.SERVER_ERROR),
