@@ -197,6 +197,13 @@ def _http_error(exc: BaseException, now: datetime) -> LimitSignal | None:
     )
 
 
+def _errno(exc: OSError) -> int | None:
+    """``exc.errno`` when it is an int: anyone may set it to anything (a list
+    made ``errno in frozenset`` raise ``TypeError``)."""
+    value = _attr(exc, "errno")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _network(exc: BaseException) -> LimitSignal | None:
     names = _names(exc)
     module = type(exc).__module__ or ""
@@ -211,7 +218,7 @@ def _network(exc: BaseException) -> LimitSignal | None:
         return None
     if isinstance(exc, ssl.SSLError):
         return LimitSignal.of(Kind.NETWORK, matched=name)
-    if isinstance(exc, OSError) and exc.errno in _NETWORK_ERRNOS:
+    if isinstance(exc, OSError) and _errno(exc) in _NETWORK_ERRNOS:
         return LimitSignal.of(Kind.NETWORK, matched=name)
     if module.split(".")[0] == "requests" and "RequestException" in names:
         return LimitSignal.of(Kind.NETWORK, matched=name)
@@ -226,7 +233,10 @@ def _one(exc: BaseException, now: datetime) -> LimitSignal | None:
             signal = None
         if signal is not None:
             return signal
-    return _network(exc)
+    try:
+        return _network(exc)
+    except Exception:  # a hostile exception object must not raise out of the reader
+        return None
 
 
 def classify_exception(exc: BaseException, *, now: datetime | None = None) -> LimitSignal:

@@ -62,6 +62,15 @@ def _details(err: Mapping[str, Any], suffix: str) -> list[Mapping[str, Any]]:
     ]
 
 
+def _violations(value: Any) -> list[Any]:
+    """``violations`` as a list: a single violation object is one; anything else none."""
+    if isinstance(value, list):
+        return value[:64]
+    if isinstance(value, Mapping):
+        return [value]
+    return []
+
+
 def _violation_text(violation: Any) -> str:
     if not isinstance(violation, Mapping):
         return ""
@@ -89,8 +98,7 @@ def _exhausted(ev: Evidence, err: Mapping[str, Any], message: str) -> Finding:
     violations = [
         _violation_text(v)
         for failure in _details(err, "google.rpc.QuotaFailure")
-        for v in (failure.get("violations") or [])
-        if isinstance(failure.get("violations"), list)
+        for v in _violations(failure.get("violations"))
     ]
     for text in violations:
         period = period_of(text)
