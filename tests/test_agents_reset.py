@@ -315,3 +315,48 @@ def test_step_failure_of_a_waited_step_keeps_its_excerpt(install: Install) -> No
         9,
         ("boom",),
     )
+
+
+# -- Claude Code 2.x's own line (recognised by classify_text since the Read work) ---------------
+
+CLAUDE_2X = "You've hit your limit · resets 3:30am (Asia/Calcutta)\n"  # 22:00 UTC
+
+
+def test_claude_code_2x_limit_line_is_waited_out(install: Install) -> None:
+    # Reported by a user of `claude -p` (slopus/happy#465 shows the same shape, exit 1).
+    agent = install("claude", [{"stdout": CLAUDE_2X, "exit": 1}, {"stdout": "done\n"}])
+    evening = datetime(2026, 1, 1, 18, 0, tzinfo=UTC)
+    clock, err = FakeClock(evening), io.StringIO()
+    outcome, _ = _run(agent, clock=clock, err=err, wait_for_reset=SIX_HOURS)
+    assert (agent.runs, outcome.status, outcome.value) == (2, Status.COMPLETED, "done\n")
+    assert clock.now() == datetime(2026, 1, 1, 22, 0, tzinfo=UTC) + timedelta(
+        seconds=RESET_MARGIN_SECS
+    )
+    assert '⏳ USAGE LIMIT reached (signal: "hit your limit")' in err.getvalue()
+    assert "The limit resets at 2026-01-01T22:00:00+00:00 (in 4h 0m)." in err.getvalue()
+
+
+def test_claude_code_2x_limit_line_beyond_max_exits_75(install: Install) -> None:
+    agent = install("claude", [{"stdout": CLAUDE_2X, "exit": 1}])
+    clock, err = FakeClock(NOON), io.StringIO()
+    outcome, _ = _run(agent, clock=clock, err=err, wait_for_reset=SIX_HOURS)
+    assert (agent.runs, clock.sleeps, exit_code_for(outcome)) == (1, [], 75)
+    assert outcome.retry_at == datetime(2026, 1, 1, 22, 0, tzinfo=UTC)
+    assert err.getvalue().endswith(
+        "--- last line of claude's stdout ---\n"
+        "You've hit your limit · resets 3:30am (Asia/Calcutta)\n"
+        'Error: claude hit a usage limit (signal: "hit your limit"); not retrying in this run.\n'
+        "The limit resets at 2026-01-01T22:00:00+00:00 (in 10h 0m); retry after that.\n"
+        "That is beyond --wait-for-reset's 6h 0m; not waiting.\n"
+    )
+
+
+def test_cli_with_claude_code_2x_line_names_the_reset(tmp_path: Path) -> None:
+    # On the real clock: a reset three hours from now, written as Claude Code writes it.
+    at = (datetime.now(UTC) + timedelta(hours=3)).replace(minute=0, second=0, microsecond=0)
+    hour = at.hour % 12 or 12
+    line = f"You've hit your limit · resets {hour}{'am' if at.hour < 12 else 'pm'} (UTC)\n"
+    done = _cli(tmp_path, [{"stdout": line, "exit": 1}], "--wait-for-reset=1h", "--", "AGENT")
+    assert done.returncode == 75, done.stderr
+    assert f"The limit resets at {at.isoformat(timespec='seconds')}" in done.stderr
+    assert "That is beyond --wait-for-reset's 1h 0m; not waiting." in done.stderr
