@@ -24,7 +24,7 @@ import pytest
 
 import rateloop
 from rateloop.agents.process import run_attempt
-from rateloop.agents.signals import StepInterrupted, stop_on_signals
+from rateloop.agents.signals import StepInterrupted, hold_stop_signals, stop_on_signals
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for process state")
 
@@ -200,3 +200,44 @@ def test_step_interrupted_names_its_signal() -> None:
     assert repr(StepInterrupted(signal.SIGHUP)) == "StepInterrupted(SIGHUP)"
     assert StepInterrupted(signal.SIGINT).exit_code == 130
     assert not isinstance(StepInterrupted(signal.SIGTERM), Exception)
+
+
+def test_a_signal_held_while_starting_is_raised_on_release() -> None:
+    ran_on = False
+    with (
+        stop_on_signals(),
+        pytest.raises(StepInterrupted) as stopped,
+        hold_stop_signals() as release,
+    ):
+        signal.raise_signal(signal.SIGHUP)  # the handler runs now, and holds it
+        ran_on = True
+        release()
+    assert ran_on
+    assert stopped.value.exit_code == 129
+    # Released: the next signal raises at once again.
+    with stop_on_signals(), pytest.raises(StepInterrupted):
+        signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_signal_while_the_child_starts_still_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop lands inside subprocess.Popen, right after the real child was created:
+    # without the hold it would unwind through Popen and leave the agent running.
+    path, env = _agent(tmp_path, [WORKING])
+    real_popen = subprocess.Popen
+
+    class _StoppedWhileStarting(real_popen):  # type: ignore[type-arg,misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _await_lines(tmp_path / "pids", 2)  # the agent and its grandchild are up
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(subprocess, "Popen", _StoppedWhileStarting)
+    with tempfile.TemporaryFile() as out, stop_on_signals(), pytest.raises(StepInterrupted):
+        run_attempt([str(path)], stdout=out, stderr=None, env=env, kill_grace=5.0)
+    monkeypatch.undo()
+    pids = [int(p) for p in _lines(tmp_path / "pids")]
+    gone = _all_gone(pids)
+    _reap_leftovers(pids)
+    assert gone

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import IO, TextIO
 
 from rateloop._clock import system_clock
+from rateloop.agents.signals import hold_stop_signals
 
 __all__ = ["STDERR_TAIL_BYTES", "ProcessResult", "run_attempt"]
 
@@ -167,44 +168,46 @@ def run_attempt(
     ``timeout`` bounds this attempt only (None: no bound).  ``stdin`` is the
     child's input (None: an empty input, ``/dev/null``).
     """
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=stdin if stdin is not None else subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    except FileNotFoundError as exc:
-        return ProcessResult(
-            returncode=_NOT_FOUND,
-            timed_out=False,
-            stderr_tail=b"",
-            start_error=f"command not found: {exc.filename or argv[0]}",
-        )
-    except OSError as exc:  # permission denied, exec format error, ...
-        return ProcessResult(
-            returncode=_CANNOT_EXECUTE,
-            timed_out=False,
-            stderr_tail=b"",
-            start_error=f"cannot execute {argv[0]}: {exc.strerror or exc}",
-        )
-    assert proc.stderr is not None  # stderr=PIPE
-    tee = _StderrTee(proc.stderr, stderr)
-    tee.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc, kill_grace)
-    except BaseException:
+    with hold_stop_signals() as release:
         try:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            return ProcessResult(
+                returncode=_NOT_FOUND,
+                timed_out=False,
+                stderr_tail=b"",
+                start_error=f"command not found: {exc.filename or argv[0]}",
+            )
+        except OSError as exc:  # permission denied, exec format error, ...
+            return ProcessResult(
+                returncode=_CANNOT_EXECUTE,
+                timed_out=False,
+                stderr_tail=b"",
+                start_error=f"cannot execute {argv[0]}: {exc.strerror or exc}",
+            )
+        assert proc.stderr is not None  # stderr=PIPE
+        tee = _StderrTee(proc.stderr, stderr)
+        tee.start()
+        timed_out = False
+        try:
+            release()  # a stop signal held while the child started is raised here
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
             _kill_group(proc, kill_grace)
-        finally:
-            tee.finish(_DRAIN_SECS)  # the group is gone: its end of the pipe is closed
-        raise
+        except BaseException:
+            try:
+                _kill_group(proc, kill_grace)
+            finally:
+                tee.finish(_DRAIN_SECS)  # the group is gone: its end of the pipe is closed
+            raise
     tail = tee.finish(_DRAIN_SECS)
     return ProcessResult(returncode=proc.returncode, timed_out=timed_out, stderr_tail=tail)

@@ -14,6 +14,11 @@ group on any exception (SIGTERM, then SIGKILL after the grace period; a
 second signal during the grace skips it), and ``rateloop run`` exits with
 ``128 + signal number`` (130, 143, 129), as a shell reports a process killed
 by that signal.
+
+One window needs care: a signal that lands while :class:`subprocess.Popen`
+is starting the child would unwind through it, leaving a child that nobody
+ends.  :func:`hold_stop_signals` holds the stop signals over that window and
+delivers a held one as soon as the code that ends the child is armed.
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
-__all__ = ["STOP_SIGNALS", "StepInterrupted", "stop_on_signals"]
+__all__ = ["STOP_SIGNALS", "StepInterrupted", "hold_stop_signals", "stop_on_signals"]
 
 #: The signals ``rateloop run`` stops on (after ending the agent's process group).
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -58,8 +63,53 @@ class StepInterrupted(BaseException):
         return f"StepInterrupted({self.name})"
 
 
+class _Hold:
+    """Whether stop signals are held now, and which arrived meanwhile.
+
+    Signal handlers run in the main thread only, so one shared instance is enough.
+    """
+
+    __slots__ = ("active", "held")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.held: list[int] = []
+
+    def release(self) -> None:
+        self.active = False
+        if self.held:
+            signum = self.held[0]
+            self.held.clear()
+            raise StepInterrupted(signum)
+
+
+_HOLD = _Hold()
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
+    if _HOLD.active:
+        _HOLD.held.append(signum)
+        return
     raise StepInterrupted(signum)
+
+
+@contextlib.contextmanager
+def hold_stop_signals() -> Iterator[Callable[[], None]]:
+    """Hold the stop signals of :func:`stop_on_signals` while inside; yield ``release``.
+
+    ``release()`` ends the hold and raises :class:`StepInterrupted` for a
+    signal that arrived meanwhile; leaving the block releases too.  Outside
+    the main thread (where no handler runs) this holds nothing.
+    """
+    if threading.current_thread() is not threading.main_thread() or _HOLD.active:
+        yield lambda: None
+        return
+    _HOLD.active = True
+    try:
+        yield _HOLD.release
+    finally:
+        if _HOLD.active:
+            _HOLD.release()
 
 
 @contextlib.contextmanager
