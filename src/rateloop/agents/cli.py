@@ -8,6 +8,7 @@ outcome (0, the child's own code, 65, 75 or 124; see ``docs/agents.md``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -238,11 +239,13 @@ def run_command(
     except StepInterrupted as stop:
         # run_attempt has already ended the agent's process group.
         name = label or (step_label(command) if command and command[0] else "the step")
-        typer.echo(
-            f"Error: {name} stopped: rateloop run received {stop.name};"
-            " the agent's process group was ended.",
-            err=True,
-        )
+        # After SIGHUP the terminal may be gone: the exit code must survive a failed write.
+        with contextlib.suppress(OSError, ValueError):
+            typer.echo(
+                f"Error: {name} stopped: rateloop run received {stop.name};"
+                " the agent's process group was ended.",
+                err=True,
+            )
         raise typer.Exit(stop.exit_code) from None
     if outcome.ok and isinstance(outcome.value, str):
         sys.stdout.write(outcome.value)
