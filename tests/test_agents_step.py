@@ -15,11 +15,13 @@ from rateloop.agents.step import (
     EXIT_TEMPFAIL,
     EXIT_TIMEOUT,
     EXIT_UNUSABLE_RESULT,
+    RESET_MARGIN_SECS,
     AttemptReport,
     Finish,
     Retry,
     StepFailure,
     StepLoop,
+    WaitForReset,
 )
 from rateloop.outcome import Status
 from rateloop.signal import Kind, LimitSignal
@@ -184,3 +186,46 @@ def test_overload_is_retried_like_a_rate_limit() -> None:
 def test_repr() -> None:
     loop = StepLoop(settings=AgentSettings(), agent=Agent.CODEX, label="codex", model="o3")
     assert repr(loop).startswith("StepLoop(agent=codex, label='codex', model='o3', AgentSettings(")
+
+
+def _quota(reset_at: datetime | None) -> LimitSignal:
+    return LimitSignal.of(Kind.PERIOD_QUOTA, reset_at=reset_at, matched="hit your limit")
+
+
+@pytest.mark.parametrize(
+    ("left", "waits"), [(0.0, True), (3600.0, True), (3600.001, False), (-30.0, True)]
+)
+def test_wait_for_reset_bound_is_inclusive(left: float, waits: bool) -> None:
+    settings = resolve_settings()
+    loop = StepLoop(settings=settings, agent=Agent.CLAUDE, label="claude", wait_for_reset=3600)
+    reset = NOW + timedelta(seconds=left)
+    decision = loop.decide(loop.plan(1), AttemptReport(exit_code=1), _quota(reset), now=NOW)
+    assert isinstance(decision, WaitForReset) is waits
+    if isinstance(decision, WaitForReset):
+        assert decision.until == max(reset, NOW) + timedelta(seconds=RESET_MARGIN_SECS)
+        assert decision.wait == max(0.0, left) + RESET_MARGIN_SECS
+        assert loop.plan(2).total == 7  # the run after the reset is an extra execution
+
+
+def test_after_the_reset_the_retry_schedule_starts_where_it_was() -> None:
+    loop = StepLoop(
+        settings=resolve_settings(), agent=Agent.CLAUDE, label="claude", wait_for_reset=3600
+    )
+    first = loop.decide(
+        loop.plan(1), AttemptReport(exit_code=1), _quota(NOW + timedelta(minutes=5)), now=NOW
+    )
+    assert isinstance(first, WaitForReset)
+    decisions = []
+    number = 2
+    while True:
+        decision = loop.decide(loop.plan(number), AttemptReport(exit_code=1), LIMITED, now=NOW)
+        decisions.append(decision)
+        if isinstance(decision, Finish):
+            break
+        number += 1
+    retries = [(d.retry, d.wait) for d in decisions if isinstance(d, Retry)]
+    assert retries == [(1, 60), (2, 120), (3, 240), (4, 480), (5, 600)]
+    final = decisions[-1]
+    assert isinstance(final, Finish) and isinstance(final.value, StepFailure)
+    assert "persisted after 5 retries (7 attempts total)" in final.value.message
+    assert repr(loop).endswith("wait_for_reset=3600)")

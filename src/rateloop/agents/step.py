@@ -171,7 +171,10 @@ def _signal_text(signal: LimitSignal) -> str:
 
 
 class StepLoop:
-    """The retry rules of one CLI agent step, as a pure state machine (see the module doc)."""
+    """The retry rules of one CLI agent step: a state machine without I/O (see the module doc).
+
+    Its only state is whether the step has waited for a usage limit's reset yet.
+    """
 
     __slots__ = ("_backoff", "_resumed_at", "agent", "label", "model", "settings", "wait_for_reset")
 
