@@ -140,16 +140,49 @@ def _await_group_gone(pgid: int, *, limit: float) -> None:
 
     SIGKILL takes effect asynchronously, so a grandchild may still be on its
     way out when the child has been reaped; returning only once the group is
-    gone means a timed-out step leaves nothing behind.  A member that stays
-    (a zombie whose reaper is slow) stops the wait after ``limit`` seconds.
+    gone means a timed-out step leaves nothing behind.  Zombies do not count:
+    those that are our own children (when ``rateloop run`` is PID 1 in a
+    container, orphans are reparented to it) are reaped here, and on Linux a
+    group whose members are all zombies waiting for a slow init is gone.  The
+    wait stops after ``limit`` seconds in any case.
     """
     end = system_clock.monotonic() + limit
     while system_clock.monotonic() < end:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
+        _reap_group(pgid)
+        if not _group_runs(pgid):
             return
         system_clock.sleep(0.01)
+
+
+def _reap_group(pgid: int) -> None:
+    """Reap any zombie child of ours in group ``pgid`` (only ever the agent's orphans)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a member of group ``pgid`` still runs (a zombie does not run)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return True  # not Linux: a member (maybe a zombie) exists; keep waiting
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{entry.path}/stat", encoding="ascii", errors="replace") as f:
+                # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def run_attempt(
