@@ -471,3 +471,13 @@ def test_an_overloaded_provider_is_named_in_the_banner(install: Install) -> None
     assert "   The provider is over capacity (not your limit)." in text
     assert text.count("⏳ RATE LIMIT detected") == 1  # the second attempt was a throttle
     assert text.index("OVERLOADED") < text.index("RATE LIMIT")
+
+
+def test_our_own_messages_never_show_a_key_even_in_a_label(install: Install) -> None:
+    key = "sk-proj-" + "Q" * 30
+    agent = install("claude", [{"exit": 4}])
+    err = io.StringIO()
+    run_step(
+        [str(agent.path)], label=f"step {key}", settings=_settings(), env=agent.env, stderr=err
+    )
+    assert err.getvalue() == "Error: step [redacted] failed (exit 4)\n"

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperOption
 
+from rateloop._redact import redact
 from rateloop.agents.command import Agent, step_label
 from rateloop.agents.runner import exit_code_for, run_step
 from rateloop.agents.settings import (
@@ -242,8 +243,10 @@ def run_command(
         # After SIGHUP the terminal may be gone: the exit code must survive a failed write.
         with contextlib.suppress(OSError, ValueError):
             typer.echo(
-                f"Error: {name} stopped: rateloop run received {stop.name};"
-                " the agent's process group was ended.",
+                redact(
+                    f"Error: {name} stopped: rateloop run received {stop.name};"
+                    " the agent's process group was ended."
+                ),
                 err=True,
             )
         raise typer.Exit(stop.exit_code) from None

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from rateloop._clock import Clock, system_clock
+from rateloop._redact import redact
 from rateloop.agents.banner import (
     is_terminal,
     rate_limit_banner,
@@ -358,8 +359,9 @@ def _classify(report: AttemptReport, output: str, clock: Clock) -> LimitSignal |
 
 
 def _say(stream: TextIO, text: str) -> None:
+    """Print one of our own messages (never the child's stream), secrets redacted."""
     try:
-        stream.write(text + "\n")
+        stream.write(redact(text) + "\n")
         stream.flush()
     except (OSError, ValueError):
         pass  # our stderr is gone; the Outcome still says everything
