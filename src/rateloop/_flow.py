@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -48,7 +48,7 @@ from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
 from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
-from rateloop.errors import RateLimitExhausted, SdkRetriesWarning
+from rateloop.errors import LimitsWarning, RateLimitExhausted, SdkRetriesWarning
 from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, EventSink, signal_fields
 from rateloop.fallback import build_chain
 from rateloop.outcome import AttemptLedger, Outcome, Status
@@ -113,6 +113,7 @@ class _BaseRateLoop:
         # Sinks that also want to know when calls start and end (ConsoleSink's summary).
         self._observers = tuple(s for s in self.sinks if hasattr(s, "call_finished"))
         self._warned_sdk_retries = False
+        self._limits_used: set[str] | None = set()  # None once checked out (warned or all used)
 
     def __repr__(self) -> str:
         limiter = type(self.limiter).__name__ if self.limiter is not None else None
@@ -245,6 +246,8 @@ class _BaseRateLoop:
 
             # Admit: reserve capacity on the route before the attempt.
             reservation = None
+            if self.limiter is not None and self._limits_used is not None:
+                self._check_limits_keys(route)
             if self.limiter is not None:
                 while True:
                     granted = yield Admit(route, spec.cost, spec.priority)
@@ -404,6 +407,32 @@ class _BaseRateLoop:
             state.index = decision.index
             state.route_attempts = 0
             emit(DecisionKind.FALLBACK, route=decision.route, reason=decision.reason)
+
+    def _check_limits_keys(self, route: Route) -> None:
+        """Warn once when a route matches no configured limits key while a key matched none.
+
+        A key such as ``openai:gpt-4.1`` written for a route that is really
+        ``openai:gpt-4.1-2025-04-14`` would otherwise leave every call unlimited, silently.
+        """
+        used = self._limits_used
+        limits = getattr(self.limiter, "limits", None)
+        if used is None or not isinstance(limits, Mapping) or not limits:
+            self._limits_used = None
+            return
+        matched = [s for s in route.scopes if s in limits]
+        used.update(matched)
+        unused = sorted(set(limits) - used)
+        if not unused:
+            self._limits_used = None  # every key has served a call: nothing left to check
+        elif not matched:
+            self._limits_used = None
+            warnings.warn(
+                f"no [limits] key matches the route {route.scope} (its scopes: "
+                f"{', '.join(route.scopes)}), and the key(s) {', '.join(unused)} matched no "
+                "call so far: calls on this route are not limited by them",
+                LimitsWarning,
+                stacklevel=4,
+            )
 
     def _warn_sdk_retries(self, retries: int) -> None:
         if self._warned_sdk_retries:

@@ -8,6 +8,7 @@
     └── RateLimitExhausted   a call ended without success; carries the final Outcome
 
     SdkRetriesWarning (a UserWarning)   an SDK retried inside a loop attempt
+    LimitsWarning (a UserWarning)       a [limits] key that the calls' routes do not match
 
 Every message goes through :func:`rateloop._redact.redact`: an error never
 shows an API key or a URL password, even when it echoes a bad value.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendError",
     "ConfigError",
+    "LimitsWarning",
     "RateLimitExhausted",
     "RateloopError",
     "SdkRetriesWarning",
@@ -118,3 +120,8 @@ class SdkRetriesWarning(UserWarning):
     Those requests count against ``max_attempts``; build the client with
     ``max_retries=0`` so that one layer decides when to retry.
     """
+
+
+class LimitsWarning(UserWarning):
+    """A call ran on a route that no configured ``[limits]`` key matches, while a key
+    has matched no route so far: most likely a key written for another name."""
