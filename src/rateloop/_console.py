@@ -104,7 +104,7 @@ class ConsoleSink:
                         now, ("wait", scope), f"waiting {wait:.0f}s on {scope} ({_why(event)})"
                     )
             elif decision == "fallback":
-                self._say(now, ("fallback", scope), f"falling back to {scope}: {event.reason}")
+                self._say(now, ("fallback", scope), f"fallback: {event.reason}")
             self._maybe_summary(now)
 
     def call_started(self, scope: str) -> None:
