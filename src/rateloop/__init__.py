@@ -34,7 +34,7 @@ from rateloop.classify import (
 )
 from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
-from rateloop.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
+from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
 from rateloop.policy import (
@@ -66,6 +66,7 @@ __all__ = [
     "CapacityEvent",
     "Clock",
     "ConfigError",
+    "ConsoleSink",
     "Cost",
     "Decision",
     "DecisionKind",
