@@ -47,7 +47,7 @@ from rateloop._effects import (
 from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
-from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
+from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide, fall_back_now
 from rateloop.errors import LimitsWarning, RateLimitExhausted, SdkRetriesWarning
 from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, EventSink, signal_fields
 from rateloop.fallback import build_chain
@@ -266,12 +266,25 @@ class _BaseRateLoop:
                     if retry_after > policy.pause_limit_secs or (
                         time_left is not None and retry_after >= time_left
                     ):
-                        retry_at = clock.now() + timedelta(seconds=retry_after)
+                        why = (
+                            f"no capacity on {route.scope} before the deadline, the budget "
+                            f"or the pause limit ({granted.reason})"
+                        )
+                        # Like a server minimum that cannot fit: a fallback may serve now.
+                        moved = fall_back_now(state, policy, why)
+                        skips = moved.skipped if isinstance(moved, FallBack) else moved
+                        for skipped, skip_why in skips:
+                            emit(DecisionKind.SKIP, route=skipped, reason=skip_why)
+                        if isinstance(moved, FallBack):
+                            if state.limited_route is None:
+                                state.limited_route, state.limited_kind = route, Kind.TEMPORARY
+                            state.index, state.route_attempts = moved.index, 0
+                            emit(DecisionKind.FALLBACK, route=moved.route, reason=moved.reason)
+                            break
                         return finish(
                             Status.WAITING_FOR_CAPACITY,
-                            f"no capacity on {route.scope} before the deadline or budget "
-                            f"({granted.reason})",
-                            retry_at=retry_at,
+                            why,
+                            retry_at=clock.now() + timedelta(seconds=retry_after),
                         )
                     yield wait_for(
                         retry_after,
@@ -279,6 +292,8 @@ class _BaseRateLoop:
                         route,
                         f"waiting for capacity on {granted.scope}",
                     )
+                if reservation is None:  # moved to a fallback: admit on it from the top
+                    continue
 
             # Attempt.
             if not budget.record_attempt():  # another call of the run took the last one

@@ -72,6 +72,7 @@ __all__ = [
     "Stop",
     "Wait",
     "decide",
+    "fall_back_now",
     "in_trigger_scope",
 ]
 
@@ -240,10 +241,9 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
         if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
             return step
         # The primary's own wait cannot fit: a healthy fallback may still serve the call now.
-        found = _next_route(state, policy, exclude_providers=state.spent_providers)
+        found = fall_back_now(state, policy, step.reason)
         if isinstance(found, FallBack):
-            reason = f"{step.reason}; falling back to {found.route.scope} at once"
-            return FallBack(found.route, 0.0, reason, found.index, found.skipped)
+            return found
         return Stop(
             step.status,
             step.reason,
@@ -261,6 +261,19 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
         f"every route of the chain was tried ({len(state.chain)} routes)",
         skipped=found,
     )
+
+
+def fall_back_now(state: LoopState, policy: Policy, why: str) -> FallBack | Skips:
+    """The next eligible route to move to at once (no wait) because ``why``, or the skips.
+
+    Used when the current route's own wait cannot fit (rule 5), for a server
+    minimum and for an admission wait alike.
+    """
+    found = _next_route(state, policy, exclude_providers=state.spent_providers)
+    if not isinstance(found, FallBack):
+        return found
+    reason = f"{why}; falling back to {found.route.scope} at once"
+    return FallBack(found.route, 0.0, reason, found.index, found.skipped)
 
 
 def _wait_same_route(
