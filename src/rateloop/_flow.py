@@ -70,13 +70,13 @@ Classifier = Callable[[BaseException], LimitSignal]
 _NOT_CAPACITY = frozenset({Kind.INVALID, Kind.PERMISSION})
 
 
-def _default_sinks() -> tuple[EventSink, ...]:
+def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
     """A person at a terminal sees progress; a library's non-interactive use prints nothing."""
     try:
         tty = sys.stderr is not None and sys.stderr.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stderr
         tty = False
-    return (ConsoleSink(),) if tty else ()
+    return (ConsoleSink(clock=clock),) if tty else ()
 
 
 # --- the base -------------------------------------------------------------
@@ -102,7 +102,7 @@ class _BaseRateLoop:
         if clock is not None:
             check_clock(clock)
         self.clock = clock if clock is not None else system_clock
-        self.sinks = _default_sinks() if sinks is None else check_sinks(sinks)
+        self.sinks = _default_sinks(self.clock) if sinks is None else check_sinks(sinks)
         check_classify(classify)
         self.classify = classify
         check_run(run_budget, run_id)
