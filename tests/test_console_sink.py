@@ -153,3 +153,14 @@ def test_on_by_default_only_when_stderr_is_a_terminal(
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="summary_every"):
         ConsoleSink(summary_every=-1)
+
+
+def test_the_summary_shows_headroom_when_told_how() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, headroom=lambda: "openai:gpt-5 42 rpm")
+    sink.call_started("openai:gpt-5")
+    sink.flush()
+    assert out.getvalue().rstrip().endswith("paused: none; headroom: openai:gpt-5 42 rpm")
+    with pytest.raises(ValueError, match="headroom"):
+        ConsoleSink(headroom="lots")  # type: ignore[arg-type]

@@ -13,7 +13,8 @@ outcome), keeps counters, and prints only:
   success**;
 - a **summary** line at most every ``summary_every`` seconds while there
   is activity: calls in flight, waiting, done, degraded, rejected, failed,
-  and the scopes paused now.
+  the scopes paused now, and the headroom when a ``headroom`` function is
+  given (e.g. one reading the limiter's state; events alone do not carry it).
 
 It never floods: every line but the summary has a topic (its kind and
 scope), and a topic prints at most once per ``repeat_secs``; what it holds
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -62,6 +64,7 @@ class ConsoleSink:
         summary_every: float = 10.0,
         long_wait_secs: float = 5.0,
         repeat_secs: float = 10.0,
+        headroom: Callable[[], str | None] | None = None,
     ) -> None:
         for name, value in (
             ("summary_every", summary_every),
@@ -70,6 +73,11 @@ class ConsoleSink:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"ConsoleSink {name} must be a number >= 0, got {value!r}")
+        if headroom is not None and not callable(headroom):
+            raise ValueError(
+                f"ConsoleSink headroom must be a callable returning text, got {headroom!r}"
+            )
+        self._headroom = headroom
         self._stream = stream
         self._clock = clock if clock is not None else system_clock
         self.summary_every = float(summary_every)
@@ -189,10 +197,11 @@ class ConsoleSink:
         self._waits = [t for t in self._waits if t > now]
         in_flight = self._started - self._finished
         paused = ", ".join(sorted(self._paused)) or "none"
+        headroom = self._headroom() if self._headroom is not None else None
         self._print(
             f"{in_flight} in flight, {len(self._waits)} waiting, {self._done} done "
             f"({self._degraded} degraded), {self._rejected} rejected, {self._failed} failed; "
-            f"paused: {paused}"
+            f"paused: {paused}" + (f"; headroom: {headroom}" if headroom else "")
         )
 
     def __repr__(self) -> str:
