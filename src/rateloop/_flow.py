@@ -85,6 +85,8 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
 class _BaseRateLoop:
     """Configuration and the algorithm shared by both drivers."""
 
+    _is_async = False  # which half of the limiter contract the driver calls
+
     def __init__(
         self,
         policy: Policy | None = None,
@@ -98,9 +100,9 @@ class _BaseRateLoop:
         rng: Callable[[], float] | None = None,
     ) -> None:
         self.policy = check_policy(policy)
-        self.limiter = check_limiter(limiter)
+        self.limiter = check_limiter(limiter, is_async=self._is_async)
         if clock is not None:
-            check_clock(clock)
+            check_clock(clock, is_async=self._is_async)
         self.clock = clock if clock is not None else system_clock
         self.sinks = _default_sinks(self.clock) if sinks is None else check_sinks(sinks)
         check_classify(classify)

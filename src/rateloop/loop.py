@@ -142,6 +142,8 @@ class RateLoop(_BaseRateLoop):
 class AsyncRateLoop(_BaseRateLoop):
     """The asyncio RATE loop; ``fn`` may be a coroutine function or a plain one."""
 
+    _is_async = True
+
     async def call(
         self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]
     ) -> Outcome:
