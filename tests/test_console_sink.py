@@ -7,6 +7,7 @@ import heapq
 import io
 import itertools
 import sys
+import threading
 from typing import Any
 
 import httpx
@@ -83,6 +84,67 @@ def test_fifty_concurrent_throttled_calls_print_a_handful_of_lines() -> None:
     assert lines[-1] == (
         "rateloop: 0 in flight, 0 waiting, 50 done (0 degraded), 0 rejected, 0 failed; paused: none"
     )
+
+
+class ThreadedVirtualClock(FakeClock):
+    """Virtual time for threads: it jumps to the next wake-up once every thread sleeps."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self._cond = threading.Condition()
+        self._running = threads
+        self._wakers: list[tuple[float, int]] = []
+        self._woken: set[int] = set()
+        self._seq = itertools.count()
+
+    def sleep(self, seconds: float) -> None:
+        with self._cond:
+            self.sleeps.append(seconds)
+            me = next(self._seq)
+            heapq.heappush(self._wakers, (self.monotonic() + max(seconds, 0.0), me))
+            self._running -= 1
+            self._advance()
+            if not self._cond.wait_for(lambda: me in self._woken, timeout=30):
+                raise TimeoutError("virtual clock stalled")
+            self._running += 1
+
+    def done(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._advance()
+
+    def _advance(self) -> None:
+        if self._running == 0 and self._wakers:
+            when, who = heapq.heappop(self._wakers)
+            self.advance(max(0.0, when - self.monotonic()))
+            self._woken.add(who)
+            self._cond.notify_all()
+
+
+def test_fifty_concurrent_threads_print_a_handful_of_lines_too() -> None:
+    clock = ThreadedVirtualClock(threads=50)
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, summary_every=10)
+    loop = RateLoop(Policy(), clock=clock, sinks=[sink], rng=lambda: 0.5)
+    outcomes: list[Outcome] = []
+
+    def one() -> None:
+        try:
+            outcomes.append(loop.call(FaultScript([throttle("20"), "ok"]), route=A))
+        finally:
+            clock.done()
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    sink.flush()
+    assert len(outcomes) == 50 and all(o.status is Status.COMPLETED for o in outcomes)
+    lines = out.getvalue().splitlines()
+    assert 3 <= len(lines) <= 8, lines
+    assert lines[0] == "rateloop: openai:gpt-5 paused 21s (temporary 429)"
+    assert any("resumed after 21s (50 calls waited)" in line for line in lines)
 
 
 def event(decision: str, scope: str = "openai:gpt-5", **kw: Any) -> CapacityEvent:
