@@ -226,3 +226,19 @@ def test_the_summary_shows_headroom_when_told_how() -> None:
     assert out.getvalue().rstrip().endswith("paused: none; headroom: openai:gpt-5 42 rpm")
     with pytest.raises(ValueError, match="headroom"):
         ConsoleSink(headroom="lots")  # type: ignore[arg-type]
+
+
+def test_many_scopes_at_once_are_capped_and_counted() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, max_lines=5, summary_every=60)
+    for tenant in range(50):  # fifty tenant scopes throttled in the same instant
+        sink(event("wait", scope=f"openai:gpt-5:proj:t{tenant}", wait_seconds=20.0,
+                   retry_after_seconds=20.0, signal_kind="temporary", http_status=429))
+    sink.flush()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 6  # five pause lines and the summary
+    assert lines[-1].endswith("paused: openai:gpt-5:proj:t0, openai:gpt-5:proj:t1, "
+                              "openai:gpt-5:proj:t10 and 47 more (45 lines held back)")
+    with pytest.raises(ValueError, match="max_lines"):
+        ConsoleSink(max_lines=0)
