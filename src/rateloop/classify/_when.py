@@ -134,6 +134,18 @@ def clock_reset(low: str, now: datetime, tz: tzinfo | None = None) -> datetime |
     is not a time); a date alone means midnight.  ``None`` when nothing in
     ``low`` reads as a reset time.
     """
+    tail = low[-_TAIL:]
+    found = _last_clock(tail, now, tz)
+    if found is None and len(low) > _TAIL:
+        found = _last_clock(low, now, tz)
+    return found
+
+
+#: The last reset is looked for in the last few thousand characters first.
+_TAIL = 4_000
+
+
+def _last_clock(low: str, now: datetime, tz: tzinfo | None) -> datetime | None:
     found: datetime | None = None
     for match in find_all(_CLOCK, low):
         month_name, day_text, hour_text, minute_text, meridiem, zone_name = match.groups()
