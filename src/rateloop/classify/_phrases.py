@@ -32,6 +32,7 @@ __all__ = [
     "spend_of",
     "wait_in",
     "wait_matches",
+    "without_google_sentence",
 ]
 
 
@@ -86,6 +87,7 @@ _SPEND: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"billing[_ ](?:hard[_ ]limit|not[_ ]active|error|details)\b", "billing"),
         (r"payment[_ ]required\b", "payment required"),
         (r"add funds\b", "add funds"),
+        (r"余额不足", "insufficient balance"),
     )
 )
 
@@ -102,8 +104,9 @@ _GOOGLE_SENTENCE = re.compile(
 _PERIOD: tuple[tuple[re.Pattern[str], str, Dimension | None, bool], ...] = tuple(
     (re.compile(pattern), canonical, dimension, bounded)
     for pattern, canonical, dimension, bounded in (
-        (r"requests per day\b|\(rpd\)", "requests per day", Dimension.REQUESTS_PER_DAY, True),
-        (r"tokens per day\b|\(tpd\)", "tokens per day", Dimension.TOKENS_PER_DAY, True),
+        (r"requests per day\b|\(rpd\)|rpd\b", "requests per day", Dimension.REQUESTS_PER_DAY,
+         True),
+        (r"tokens per day\b|\(tpd\)|tpd\b", "tokens per day", Dimension.TOKENS_PER_DAY, True),
         (r"requests?perday|requests?_per_(?:\w+_)?day", "requests per day",
          Dimension.REQUESTS_PER_DAY, False),
         (r"tokens?(?:count)?perday|tokens?_per_(?:\w+_)?day", "tokens per day",
@@ -114,6 +117,8 @@ _PERIOD: tuple[tuple[re.Pattern[str], str, Dimension | None, bool], ...] = tuple
         (r"per[ _-]?month\b|monthly (?:limit|quota)\b|/ ?month\b", "per month", None, True),
         (r"permonth\b", "per month", None, False),
         (r"weekly (?:limit|quota)\b|per[ _-]?week\b", "per week", None, True),
+        # Ollama Cloud: "you have reached your session usage limit" / hourly / weekly.
+        (r"(?:session|hourly|weekly|daily|monthly) usage limit\b", "usage limit", None, True),
     )
 )
 
@@ -122,9 +127,9 @@ _DIMENSIONS: tuple[tuple[re.Pattern[str], Dimension], ...] = tuple(
     for pattern, dimension in (
         (r"input[ _-]tokens?\b", Dimension.INPUT_TOKENS),
         (r"output[ _-]tokens?\b", Dimension.OUTPUT_TOKENS),
-        (r"tokens per min(?:ute)?\b|\(tpm\)|token rate limit\b|too many tokens\b",
+        (r"tokens per min(?:ute)?\b|\(tpm\)|tpm\b|token rate limit\b|too many tokens\b",
          Dimension.TOKENS),
-        (r"requests per min(?:ute)?\b|\(rpm\)|call rate limit\b|too many requests\b",
+        (r"requests per min(?:ute)?\b|\(rpm\)|rpm\b|call rate limit\b|too many requests\b",
          Dimension.REQUESTS),
         (r"concurren(?:t|cy)\b", Dimension.CONCURRENCY),
     )
@@ -161,8 +166,8 @@ _TOO_LARGE = re.compile(
 
 # Words every pattern of a family contains: a family whose words are all
 # absent is skipped with a few ``in`` tests (C-speed substring search).
-_SPEND_WORDS = ("quota", "credit", "balance", "spend", "billing", "payment", "funds")
-_PERIOD_WORDS = ("day", "month", "week", "rpd", "tpd")
+_SPEND_WORDS = ("quota", "credit", "balance", "spend", "billing", "payment", "funds", "余额")
+_PERIOD_WORDS = ("day", "month", "week", "rpd", "tpd", "usage limit")
 _DIMENSION_WORDS = ("token", "request", "tpm", "rpm", "concurren", "call rate")
 _WAIT_WORDS = ("again", "retry", "wait", "reset")
 _FIT_WORDS = ("limit", "request", "too large", "too long", "context", "maximum", "bytes")
@@ -174,6 +179,12 @@ def _lowered(text: str) -> str:
 
 def _mentions(low: str, words: tuple[str, ...]) -> bool:
     return any(word in low for word in words)
+
+
+def without_google_sentence(text: str) -> str:
+    """``text`` without Google's "exceeded your current quota, please check your plan
+    and billing details", which Google sends for every quota 429 (per-minute too)."""
+    return _GOOGLE_SENTENCE.sub(" ", text[:_MAX_SCAN].lower())
 
 
 def spend_of(text: str) -> str | None:
