@@ -59,6 +59,8 @@ def test_readme_demo_in_a_real_subprocess() -> None:
         ("openai-rate-limit.http", "temporary", True),
         ("anthropic-overloaded-529.http", "overload", True),
         ("gemini-daily-quota.http", "period_quota", False),
+        ("groq-request-too-large.http", "invalid", False),
+        ("minimax-200-rate-limit.http", "temporary", True),
     ],
 )
 def test_bundled_http_examples(example: str, kind: str, retryable: bool) -> None:
@@ -81,6 +83,23 @@ def test_claude_usage_example_prints_reset_at_in_iso_8601() -> None:
     assert (code, signal["kind"], signal["reset_at"]) == (
         0, "period_quota", "2026-01-01T00:00:00+00:00"
     )
+
+
+@pytest.mark.parametrize(
+    ("example", "kind", "provider"),
+    [
+        ("claude-hit-your-limit.txt", "period_quota", "anthropic"),
+        ("codex-usage-limit.txt", "period_quota", "openai"),
+        ("gemini-capacity.txt", "period_quota", "google"),
+        ("copilot-rate-limit.txt", "temporary", "github"),
+    ],
+)
+def test_bundled_agent_examples(example: str, kind: str, provider: str) -> None:
+    code, signal = _run("--text", "--exit-code", "1", str(EXAMPLES / example))
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"], signal["provider"]) == (0, kind, provider)
+    if kind == "period_quota":
+        assert signal["reset_at"] is not None
 
 
 def test_text_exit_code_zero_is_ok() -> None:
