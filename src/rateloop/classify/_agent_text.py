@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
-from rateloop.classify._phrases import find, find_all, wait_in
+from rateloop.classify._phrases import dimension_of, find, find_all, period_of, wait_in
 from rateloop.classify._time import reset_value
 from rateloop.classify._when import at_reset, clock_reset
 from rateloop.classify.google import next_pacific_midnight
@@ -227,8 +227,6 @@ _NO_CAPACITY = re.compile(r"no capacity available for model\b")
 
 
 def _gemini(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
-    from rateloop.classify._phrases import dimension_of, period_of
-
     if find(_CAPACITY, low) is not None:
         return Reading(Kind.TEMPORARY, "exhausted your capacity", "google", wait=wait_in(low))
     metric = find(_QUOTA_METRIC, low)

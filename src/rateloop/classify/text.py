@@ -60,11 +60,12 @@ MAX_TEXT_CHARS = 32_000
 _HEAD_CHARS = 4_000
 
 # CSI (ESC [ params final), OSC (ESC ] … BEL or ESC \), and two-byte escapes.
-# Each alternative stops at the next ESC, so no input makes it backtrack: the
-# old OSC pattern ran to the end of the text from every "ESC ]" (quadratic).
+# Each alternative stops at the next ESC (and an OSC at the end of its line), so
+# no input makes it backtrack: the old OSC pattern ran to the end of the text
+# from every "ESC ]" (quadratic), and an unterminated one swallowed the rest.
 _ANSI = re.compile(
     r"\x1b\[[0-9;?<=>]{0,64}[ -/]{0,8}[@-~]"  # CSI
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST (or cut off)
+    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?"  # OSC, ended by BEL or ST (or the line)
     r"|\x1b[@-Z\\-_]"  # two-byte escapes
 )
 
