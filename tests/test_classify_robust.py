@@ -229,7 +229,11 @@ def test_a_day_named_limit_with_a_short_wait_is_a_short_throttle() -> None:
     signal = classify(429, {}, json.dumps(body), provider="openai", now=NOW)
     assert (signal.kind, signal.retry_after, signal.dimension.value if signal.dimension else None
             ) == (Kind.TEMPORARY, 8.64, "requests_per_day")
-    # Without a wait, the day named is all there is: a spent period.
+    # A slot back only after more than a minute, or no wait at all: the day named decides.
+    body["error"]["message"] = "Rate limit reached on requests per day (RPD). Try again in 61s."
+    assert classify(429, {}, json.dumps(body), now=NOW).kind is Kind.PERIOD_QUOTA
+    body["error"]["message"] = "Rate limit reached on requests per day (RPD). Try again in 60s."
+    assert classify(429, {}, json.dumps(body), now=NOW).kind is Kind.TEMPORARY
     body["error"]["message"] = "Rate limit reached for gpt-4o on requests per day (RPD)."
     assert classify(429, {}, json.dumps(body), now=NOW).kind is Kind.PERIOD_QUOTA
 
