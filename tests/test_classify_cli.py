@@ -183,8 +183,10 @@ def test_bom_utf16_lowercase_and_redirect_bodies_are_read(tmp_path: Path) -> Non
         ([], "HTTP/1.1 429 Too Many Requests\nretry-after: 20\n\n",
          "temporary: a short throttle — wait at least 20 s and retry"),
         (["--text"], "Claude AI usage limit reached|1767312000",
-         "period_quota: a day, week or month allowance is spent — it returns at "
-         "2026-01-02T00:00:00+00:00; waiting minutes will not help"),
+         "period_quota: an allowance for a period (hours, a day, a month) is spent — it "
+         "returns at 2026-01-02T00:00:00+00:00; waiting minutes will not help"),
+        (["--text"], "Error: HTTP 429 Too Many Requests",
+         "temporary: a short throttle — back off briefly and retry"),
         (["--text"], "Invalid API key · Please run /login",
          "permission: the key or account was refused — fix the credentials; "
          "retrying will not help"),

@@ -35,9 +35,9 @@ _EXIT_UNREADABLE = 2
 
 _MEANINGS: dict[Kind, str] = {
     Kind.OK: "the call succeeded; nothing to do",
-    Kind.TEMPORARY: "a short throttle — wait{wait} and retry",
-    Kind.PERIOD_QUOTA: "a day, week or month allowance is spent — it returns{reset}; "
-    "waiting minutes will not help",
+    Kind.TEMPORARY: "a short throttle — {wait} and retry",
+    Kind.PERIOD_QUOTA: "an allowance for a period (hours, a day, a month) is spent — "
+    "it returns{reset}; waiting minutes will not help",
     Kind.SPEND: "billing — a person must add credit; retrying will not help",
     Kind.PERMISSION: "the key or account was refused — fix the credentials; "
     "retrying will not help",
@@ -59,7 +59,11 @@ def meaning(signal: LimitSignal) -> str:
     >>> meaning(LimitSignal.of(Kind.TEMPORARY, retry_after=20.0))
     'temporary: a short throttle — wait at least 20 s and retry'
     """
-    wait = f" at least {signal.retry_after:g} s" if signal.retry_after is not None else ""
+    wait = (
+        f"wait at least {signal.retry_after:g} s"
+        if signal.retry_after is not None
+        else "back off briefly"
+    )
     reset = f" at {signal.reset_at.isoformat()}" if signal.reset_at is not None else ""
     later = f" (at least {signal.retry_after:g} s)" if signal.retry_after is not None else ""
     text = _MEANINGS[signal.kind].format(wait=wait, reset=reset, wait_later=later)
