@@ -291,3 +291,17 @@ def test_retry_after_forms(headers: object, wait: float) -> None:
     signal = classify(429, headers, None, now=NOW)  # type: ignore[arg-type]
     assert signal.retry_after == wait
     assert signal.malformed == ()
+
+
+def test_every_reader_takes_the_pause_limit() -> None:
+    import httpx
+
+    request = httpx.Request("POST", "https://api.openai.com/v1/chat/completions")
+    response = httpx.Response(429, headers={"retry-after": "120"}, request=request)
+    error = httpx.HTTPStatusError("429", request=request, response=response)
+    assert classify_exception(error, now=NOW).kind is Kind.TEMPORARY
+    assert classify_exception(error, now=NOW, pause_limit=60).kind is Kind.PERIOD_QUOTA
+    from rateloop.classify import classify_response
+
+    assert classify_response(response, now=NOW, pause_limit=60).kind is Kind.PERIOD_QUOTA
+    assert classify_response(response, now=NOW, pause_limit=120).kind is Kind.TEMPORARY
