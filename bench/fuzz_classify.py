@@ -16,14 +16,18 @@ it), built from a single repeated word — the shape that exposes backtracking.
 
 Each call is timed on its own, after a warm-up that pays the one-time costs
 (the lazy import of the policy defaults, the time-zone index read on the
-first unknown zone name).  The last line reports the number of exceptions
-(must be 0) and the slowest input (must be under 50 ms); the exit status is 1
-when either fails.
+first unknown zone name).  On a shared machine one call in 100 000 can be
+stopped by the scheduler or a garbage collection, which says nothing about
+the input: the 20 slowest inputs are timed again (best of three) and the
+slowest of those is reported, next to the slowest single first run.  The last
+line reports the number of exceptions (must be 0) and that slowest input
+(must be under 50 ms); the exit status is 1 when either fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import random
 import sys
@@ -222,7 +226,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     base = datetime(2026, 1, 1, tzinfo=UTC)
     errors = 0
-    slowest = (0.0, "", "")
+    slowest: list[tuple[float, int, Case]] = []  # a min-heap of the 20 slowest first runs
     per_family: dict[str, int] = {}
     _warm_up(base)
     started = time.perf_counter()
@@ -239,15 +243,33 @@ def main() -> int:
                 print(f"input {index} ({family}, {what}) raised:", file=sys.stderr)
                 traceback.print_exc()
         elapsed = (time.perf_counter() - t0) * 1000
-        if elapsed > slowest[0]:
-            slowest = (elapsed, family, what)
+        entry = (elapsed, index, (family, call, what))
+        if len(slowest) < 20:
+            heapq.heappush(slowest, entry)
+        elif elapsed > slowest[0][0]:
+            heapq.heapreplace(slowest, entry)
     total = time.perf_counter() - started
+    first_run = max(slowest)
+    retimed = []
+    for _, index, (family, call, what) in slowest:
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            call()
+            runs.append((time.perf_counter() - t0) * 1000)
+        retimed.append((min(runs), index, family, what))
+    worst = max(retimed)
     families = ", ".join(f"{k} {v}" for k, v in sorted(per_family.items()))
     print(f"seed {args.seed}: {args.n} inputs ({families}) in {total:.1f} s")
     print(
-        f"exceptions: {errors}; slowest: {slowest[0]:.1f} ms ({slowest[1]}, {slowest[2]})"
+        f"slowest single first run: {first_run[0]:.1f} ms (input {first_run[1]}, "
+        f"{first_run[2][0]}, {first_run[2][2]})"
     )
-    return 0 if errors == 0 and slowest[0] < SLOW_MS else 1
+    print(
+        f"exceptions: {errors}; slowest input: {worst[0]:.1f} ms "
+        f"(input {worst[1]}, {worst[2]}, {worst[3]}; best of 3 runs)"
+    )
+    return 0 if errors == 0 and worst[0] < SLOW_MS else 1
 
 
 if __name__ == "__main__":
