@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta, tzinfo
-from functools import cache
+from functools import cache, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from rateloop.classify._phrases import find_all
@@ -60,7 +60,7 @@ def _zones_by_lower_name() -> dict[str, str]:
     return {name.lower(): name for name in available_timezones()}
 
 
-@cache
+@lru_cache(maxsize=256)  # bounded: zone names come from untrusted text
 def zone_named(name: str) -> tzinfo | None:
     """The zone called ``name`` in any letter case (``asia/calcutta``), or ``None``."""
     if not name or len(name) > 64:
