@@ -59,6 +59,7 @@ _HEADER_MARKS: tuple[tuple[str, str], ...] = (
     ("azureml-model-session", "azure"),
     ("x-ms-retry-after-ms", "azure"),
     ("openai-", "openai"),
+    ("x-codex-", "openai"),
     ("x-ratelimitbysize-", "mistral"),
     ("mistral-correlation-id", "mistral"),
     ("x-tokenlimit-", "together"),
