@@ -239,3 +239,29 @@ def test_tz_must_be_a_tzinfo() -> None:
 def test_an_unterminated_osc_does_not_swallow_the_refusal_after_it() -> None:
     signal = classify_text("\x1b]0;title\nRate limit exceeded", exit_code=1, now=NOW)
     assert signal.matched == "rate limit"
+
+
+@pytest.mark.parametrize(
+    ("text", "now", "reset_at"),
+    [
+        ("You've hit your limit · resets 12am", NOW, datetime(2026, 1, 2, 0, 0, tzinfo=UTC)),
+        ("You've hit your limit · resets 12pm", datetime(2026, 1, 1, 11, 0, tzinfo=UTC),
+         datetime(2026, 1, 1, 12, 0, tzinfo=UTC)),
+        # A date without a year that has passed is next year's.
+        ("Opus weekly limit reached ∙ resets Jan 1, 9am", datetime(2026, 12, 30, tzinfo=UTC),
+         datetime(2027, 1, 1, 9, 0, tzinfo=UTC)),
+        ("Opus weekly limit reached ∙ resets Dec 31", NOW, datetime(2026, 12, 31, tzinfo=UTC)),
+        # "resets 3" is not a time; the wait decides nothing here.
+        ("5-hour limit reached ∙ resets 3", NOW, None),
+        ("You've hit your limit · resets 13pm", NOW, None),
+    ],
+)
+def test_reset_clock_edges(text: str, now: datetime, reset_at: datetime | None) -> None:
+    signal = classify_text(text, exit_code=1, now=now, tz=UTC)
+    assert (signal.kind, signal.reset_at) == (Kind.PERIOD_QUOTA, reset_at)
+
+
+def test_codex_time_already_passed_today_is_tomorrow() -> None:
+    text = "You've hit your usage limit. Try again at 9:15 AM."
+    signal = classify_text(text, exit_code=1, now=NOW, tz=UTC)
+    assert signal.reset_at == datetime(2026, 1, 2, 9, 15, tzinfo=UTC)
