@@ -1,9 +1,14 @@
-"""The canned-response corpus: every provider's refusals, one stacked parametrized test.
+"""The canned-response corpus: every provider's and agent's refusals, one parametrized test.
 
-Each ``tests/fixtures/classify/*.yaml`` file holds ``cases`` with ``status``,
-``headers``, ``body`` (a mapping is sent as JSON text; ``body_dict: true``
-sends it as a parsed mapping) and ``expect``: ``kind``, ``retryable`` and
-``retry_after`` always, plus any other ``LimitSignal`` field to check.
+Each ``tests/fixtures/classify/*.yaml`` file holds ``cases``.  An HTTP case
+has ``status``, ``headers``, ``body`` (a mapping is sent as JSON text;
+``body_dict: true`` sends it as a parsed mapping); a CLI case has ``text``
+(and ``exit_code``, 1 unless given) and is read by ``classify_text`` with the
+document's ``tz``.  Every case has ``expect`` (``kind``, ``retryable`` and
+``retry_after`` always, plus any other ``LimitSignal`` field to check) and a
+public ``source`` (its own, or the document's) saying where the message was
+seen: the agent's or provider's source, documentation or an issue thread.
+``pause_limit`` passes the far-wait threshold.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rateloop.classify import classify
+from rateloop.classify import classify, classify_text
+from rateloop.classify._when import zone_named
 from rateloop.signal import LimitSignal
 
 FIXTURES = Path(__file__).parent / "fixtures" / "classify"
@@ -29,7 +35,8 @@ def _cases() -> list[Any]:
     for path in sorted(FIXTURES.glob("*.yaml")):
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
         now = datetime.fromisoformat(document["now"].replace("Z", "+00:00"))
-        for case in document["cases"]:
+        for raw in document["cases"]:
+            case = {"source": document.get("source"), "tz": document.get("tz", "UTC"), **raw}
             params.append(pytest.param(case, now, id=f"{path.stem}: {case['name']}"))
     return params
 
@@ -60,20 +67,56 @@ def _actual(signal: LimitSignal, field: str) -> Any:
 
 
 def test_corpus_is_large_enough() -> None:
-    assert len(CASES) >= 80
+    cli = [c for c in CASES if "text" in c.values[0]]
+    assert len(CASES) >= 250
+    assert len(cli) >= 100
+
+
+def test_every_kind_is_in_the_corpus_for_http_and_for_cli() -> None:
+    http = {c.values[0]["expect"]["kind"] for c in CASES if "text" not in c.values[0]}
+    cli = {c.values[0]["expect"]["kind"] for c in CASES if "text" in c.values[0]}
+    every = {"temporary", "period_quota", "spend", "permission", "invalid", "overload",
+             "server_error", "network", "unknown", "ok"}
+    assert every - http == set()
+    assert every - cli == set()
+
+
+def test_every_agent_and_provider_is_in_the_corpus() -> None:
+    files = {path.stem for path in FIXTURES.glob("*.yaml")}
+    assert {"agents_claude", "agents_codex", "agents_copilot", "agents_gemini"} <= files
+    providers = {c.values[0]["expect"].get("provider") for c in CASES}
+    named = " ".join(f"{c.values[0]['name']} {c.values[0].get('source')}" for c in CASES).lower()
+    for provider in ("openai", "azure", "anthropic", "google", "bedrock", "groq", "mistral",
+                     "together", "xai", "cohere", "deepseek", "openrouter", "github", "slack",
+                     "minimax", "zhipu", "moonshot", "cerebras", "ollama"):
+        assert provider in providers or provider in named, provider
+
+
+def _signal(case: dict[str, Any], now: datetime) -> LimitSignal:
+    if "text" in case:
+        return classify_text(
+            case["text"],
+            exit_code=case.get("exit_code", 1),
+            now=now,
+            pause_limit=case.get("pause_limit"),
+            tz=zone_named(case["tz"]),
+        )
+    return classify(
+        case.get("status"),
+        case.get("headers") or {},
+        _body(case),
+        provider=case.get("provider"),
+        now=now,
+        pause_limit=case.get("pause_limit"),
+    )
 
 
 @pytest.mark.parametrize(("case", "now"), CASES)
 def test_classify_corpus(case: dict[str, Any], now: datetime) -> None:
     expect = case["expect"]
     assert all(key in expect for key in REQUIRED), f"fixture must state {REQUIRED}"
-    signal = classify(
-        case.get("status"),
-        case.get("headers") or {},
-        _body(case),
-        provider=case.get("provider"),
-        now=now,
-    )
+    assert case.get("source"), "every fixture names its public source"
+    signal = _signal(case, now)
     actual = {field: _actual(signal, field) for field in expect}
     expected = dict(expect)
     if expected.get("retry_after") is not None and actual["retry_after"] is not None:

@@ -138,6 +138,9 @@ class LimitSignal:
     scope: str | None = None
     operation: str | None = None
     observed: tuple[Observed, ...] = field(default=())
+    #: Names of headers or fields whose values could not be read (a malformed
+    #: ``retry-after``): evidence that was sent and ignored.
+    malformed: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.reset_at is not None and self.reset_at.tzinfo is None:
@@ -171,4 +174,6 @@ class LimitSignal:
             parts.append(f"matched={self.matched!r}")
         if self.observed:
             parts.append(f"observed={len(self.observed)}")
+        if self.malformed:
+            parts.append(f"malformed={list(self.malformed)!r}")
         return f"LimitSignal({', '.join(parts)})"

@@ -5,10 +5,15 @@ How it works:
 1. :func:`~rateloop.classify._evidence.gather` normalizes the headers and body;
    headers a gateway nested in the body (OpenRouter) are lifted out.
 2. The provider is the caller's, else :func:`detect_provider`'s guess.
-3. Provider rules run, the detected provider's first; the first that
-   recognises the response wins.  When none does,
-   :func:`~rateloop.classify._rules.by_status` decides from the status code
-   and the shared spend / period / throttle phrases.
+3. Failures inside a 2xx envelope (MiniMax ``base_resp``, Zhipu codes, an
+   error object in a 200 body or stream) are read first
+   (:func:`~rateloop.classify._traps.envelope`).  Then provider rules run,
+   the detected provider's first; the first that recognises the response
+   wins.  When none does, :func:`~rateloop.classify._rules.by_status` decides
+   from the status code and the shared spend / period / throttle phrases.
+   :func:`~rateloop.classify._traps.reconcile` then corrects a finding that
+   stronger evidence contradicts (a spend phrase in a 500, a rate limit sent
+   as ``invalid_request_error``).
 4. The signal is completed from generic evidence: the largest server-stated
    minimum wait (``retry-after-ms``, ``retry-after``, a wait in the message,
    then JSON reset fields), the observed limits (on every response, 200s
@@ -25,9 +30,11 @@ from rateloop._clock import system_clock
 from rateloop.classify import anthropic, bedrock, google, openai, others
 from rateloop.classify._detect import detect
 from rateloop.classify._evidence import BodyLike, Evidence, Finding, HeadersLike, gather
+from rateloop.classify._far import far_wait_threshold, settle_kind
 from rateloop.classify._http import body_reset, exhausted, observe, retry_after_raw
 from rateloop.classify._rules import by_status
 from rateloop.classify._time import add_seconds
+from rateloop.classify._traps import envelope, reconcile
 from rateloop.signal import MAX_WAIT_SECONDS, Kind, LimitSignal, Observed
 
 __all__ = ["classify", "resolve_now", "signal_from"]
@@ -98,35 +105,43 @@ def _carries_error(ev: Evidence) -> bool:
     return data.get("type") == "error" or data.get("ok") is False or "error" in data
 
 
-def signal_from(ev: Evidence) -> LimitSignal:
-    """The signal for normalized evidence (provider already resolved)."""
+def signal_from(ev: Evidence, *, threshold: float | None = None) -> LimitSignal:
+    """The signal for normalized evidence (provider already resolved).
+
+    ``threshold`` is the far-wait threshold in seconds (default: the policy's
+    default pause limit); see :mod:`rateloop.classify._far`.
+    """
     observed: tuple[Observed, ...] = observe(ev.headers, ev.now, provider=ev.provider)
-    finding: Finding | None = None
-    if ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
+    finding: Finding | None = envelope(ev) if ev.status is not None else None
+    if finding is None and ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
         for rule in _ordered(ev.provider):
             finding = rule(ev)
             if finding is not None:
                 break
     if finding is None:
         finding = by_status(ev)
-    return _finish(ev, finding, observed)
+    return _finish(ev, reconcile(ev, finding), observed, far_wait_threshold(threshold))
 
 
-def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> LimitSignal:
+def _finish(
+    ev: Evidence, finding: Finding, observed: tuple[Observed, ...], threshold: float
+) -> LimitSignal:
     kind = finding.kind
     matched = finding.matched
     reset_at = finding.reset_at
-    wait = finding.retry_after
+    wait = finding.retry_after  # unclamped: the far-wait rule needs the real distance
     dimension = finding.dimension
+    malformed: tuple[str, ...] = ()
     if kind not in (Kind.OK, Kind.NETWORK):
-        header_wait, header_name, header_raw = retry_after_raw(ev.headers, ev.now)
-        if header_wait is not None and (wait is None or header_wait > wait):
-            wait = header_wait
-        if header_raw is not None and header_raw > MAX_WAIT_SECONDS and reset_at is None:
+        header = retry_after_raw(ev.headers, ev.now)
+        malformed = header.malformed
+        if header.seconds is not None and (wait is None or header.seconds > wait):
+            wait = header.seconds
+        if header.seconds is not None and header.seconds > MAX_WAIT_SECONDS and reset_at is None:
             # The wait is clamped to a day; the reset time keeps what the server asked.
-            reset_at = add_seconds(ev.now, header_raw)
+            reset_at = header.moment or add_seconds(ev.now, header.seconds)
         if matched is None:
-            matched = header_name or (str(ev.status) if ev.status is not None else None)
+            matched = header.name or (str(ev.status) if ev.status is not None else None)
         if wait is None or reset_at is None:
             body_wait, body_at, _ = body_reset(ev.data, ev.now)
             wait = body_wait if wait is None else wait
@@ -141,6 +156,10 @@ def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> L
                 wait = max(resets)
             if resets and kind is Kind.PERIOD_QUOTA and reset_at is None:
                 reset_at = add_seconds(ev.now, max(resets))
+        kind, reset_at = settle_kind(
+            kind, wait=wait, reset_at=reset_at, now=ev.now, threshold=threshold,
+            soft_period=finding.soft_period,
+        )
         if kind is Kind.PERIOD_QUOTA and reset_at is None:
             reset_at = add_seconds(ev.now, wait)
     return LimitSignal.of(
@@ -154,6 +173,7 @@ def _finish(ev: Evidence, finding: Finding, observed: tuple[Observed, ...]) -> L
         code=finding.code,
         matched=matched,
         observed=observed,
+        malformed=malformed,
     )
 
 
@@ -164,26 +184,53 @@ def classify(
     *,
     provider: str | None = None,
     now: datetime | None = None,
+    pause_limit: float | None = None,
 ) -> LimitSignal:
     """Classify one HTTP response; ``status=None`` means no response arrived.
 
     ``headers`` is any mapping or iterable of pairs (names matched
     case-insensitively); ``body`` is text, bytes, a parsed JSON mapping or
     ``None``.  ``provider`` overrides detection; ``now`` (aware) turns dates
-    into waits and defaults to the system clock.  Never raises on hostile
-    response content; waits are always within [0, 86400] seconds.
+    into waits and defaults to the system clock.  ``pause_limit`` (seconds)
+    is the far-wait threshold: a throttle whose earliest retry is further
+    away is ``period_quota`` (default: ``Policy().pause_limit_secs``).  Never
+    raises on hostile response content; waits are always within [0, 86400]
+    seconds.
     """
     if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
         raise TypeError(f"status must be an int HTTP status or None, got {status!r}")
     if provider is not None and not isinstance(provider, str):
         raise TypeError(f"provider must be a string or None, got {provider!r}")
     moment = resolve_now(now)
+    threshold = far_wait_threshold(pause_limit)
     given = provider.strip().lower() or None if provider else None
     try:
-        return read_response(status, headers, body, provider=given, now=moment)
-    except Exception:  # a reader bug must not take the caller's loop down: status only
-        bare = Evidence(status=status, headers={}, text="", data=None, now=moment, provider=given)
-        return signal_from(bare)
+        return read_response(
+            status, headers, body, provider=given, now=moment, pause_limit=threshold
+        )
+    except Exception:  # a reader bug must not take the caller's loop down
+        return _fallback(status, headers, body, provider=given, now=moment, threshold=threshold)
+
+
+def _fallback(
+    status: int | None,
+    headers: HeadersLike,
+    body: BodyLike,
+    *,
+    provider: str | None,
+    now: datetime,
+    threshold: float,
+) -> LimitSignal:
+    """What is left when a provider reader failed: the status, the headers and
+    the body's *text* (its phrases still tell a day quota from a short throttle);
+    the status alone when even that fails."""
+    try:
+        ev = gather(status, headers, body, now=now, provider=provider)
+        plain = replace(ev, data=None, sse_error=False)
+        return _finish(plain, by_status(plain), (), threshold)
+    except Exception:
+        bare = Evidence(status=status, headers={}, text="", data=None, now=now, provider=provider)
+        return _finish(bare, by_status(bare), (), threshold)
 
 
 def read_response(
@@ -193,6 +240,7 @@ def read_response(
     *,
     provider: str | None,
     now: datetime,
+    pause_limit: float | None = None,
 ) -> LimitSignal:
     """The classification itself, without :func:`classify`'s safety net.
 
@@ -204,4 +252,4 @@ def read_response(
     if nested:
         ev = replace(ev, headers={**nested, **ev.headers})
     name = provider or detect(ev.headers, ev.data, ev.text)
-    return signal_from(replace(ev, provider=name))
+    return signal_from(replace(ev, provider=name), threshold=pause_limit)

@@ -63,6 +63,9 @@ class Finding:
     retry_after: float | None = None
     reset_at: datetime | None = None
     request_id: str | None = None
+    #: The period came only from a phrase ("requests per day"): a stated wait
+    #: within the pause limit outranks it (a continuously refilled bucket).
+    soft_period: bool = False
 
 
 def _text(value: object) -> str:

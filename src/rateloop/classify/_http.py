@@ -22,6 +22,7 @@ Nothing here raises on hostile input; unknown values are skipped.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,12 +30,13 @@ from datetime import datetime
 from typing import Any
 
 from rateloop.classify._detect import detect
-from rateloop.classify._time import parse_number, reset_value
+from rateloop.classify._time import parse_datetime, parse_number, reset_value, seconds_between
 from rateloop.signal import Dimension, Observed, clamp_wait
 
 __all__ = [
     "RESET_FIELDS",
     "Exhausted",
+    "RetryAfter",
     "body_reset",
     "exhausted",
     "observe",
@@ -53,44 +55,83 @@ RESET_FIELDS: dict[str, bool] = {
     "reset_at": False,
     "resetAt": False,
     "reset_time": False,
+    "resets_at": False,
     "resets_in_seconds": False,
 }
 
 
 def retry_after(headers: Mapping[str, str], now: datetime) -> tuple[float | None, str | None]:
-    """The server's minimum wait from the headers, and the header it came from."""
-    wait, source, _ = retry_after_raw(headers, now)
-    return wait, source
+    """The server's minimum wait from the headers (clamped), and the header it came from."""
+    found = retry_after_raw(headers, now)
+    return clamp_wait(found.seconds), found.name
 
 
-def retry_after_raw(
-    headers: Mapping[str, str], now: datetime
-) -> tuple[float | None, str | None, float | None]:
-    """Like :func:`retry_after`, plus the unclamped number of seconds the server sent.
+@dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """What the retry headers said: ``seconds`` unclamped (``None``: nothing
+    readable), the header ``name``, the HTTP-date ``moment`` when one was sent,
+    and the names of headers whose values could not be read."""
 
-    The wait is clamped to [0, 86400]; the raw value lets the caller keep a
-    reset time beyond the clamp, so a far "Retry-After" is never shortened.
+    seconds: float | None = None
+    name: str | None = None
+    moment: datetime | None = None
+    malformed: tuple[str, ...] = ()
+
+
+_LOG = logging.getLogger("rateloop")
+_LOGGED_CHARS = 64
+
+
+def _seconds_of(value: str, now: datetime) -> tuple[float | None, datetime | None]:
+    """A Retry-After value: seconds (fractional too), an HTTP-date, or a repeated
+    header joined by the client ("30, 30": the largest)."""
+    number = parse_number(value)
+    if number is not None:
+        return number, None
+    moment = parse_datetime(value)
+    if moment is not None:
+        return seconds_between(moment, now), moment
+    parts = [parse_number(part) for part in value.split(",")[:16]]
+    if len(parts) > 1 and all(part is not None for part in parts):
+        return max(p for p in parts if p is not None), None
+    return None, None
+
+
+def retry_after_raw(headers: Mapping[str, str], now: datetime) -> RetryAfter:
+    """The server's minimum wait, unclamped, from the retry headers.
+
+    ``retry-after-ms`` / ``x-ms-retry-after-ms`` are precise and win over
+    ``retry-after`` when both come (a server rounds ``retry-after`` up to whole
+    seconds).  A value no parser reads is skipped, logged at DEBUG on the
+    ``rateloop`` logger (cut to 64 characters) and named in ``malformed``.
     """
-    best: float | None = None
-    source: str | None = None
-    raw: float | None = None
-    for name, millis in (("retry-after-ms", True), ("x-ms-retry-after-ms", True)):
-        number = parse_number(headers.get(name, ""))
+    malformed: list[str] = []
+    for name in ("retry-after-ms", "x-ms-retry-after-ms"):
+        value = headers.get(name)
+        if value is None:
+            continue
+        number, _ = _seconds_of(value, now)
         if number is not None:
-            seconds = number / 1000.0 if millis else number
-            wait = clamp_wait(seconds)
-            if wait is not None and (best is None or wait > best):
-                best, source, raw = wait, name, seconds
+            return RetryAfter(seconds=number / 1000.0, name=name)
+        malformed.append(name)
     value = headers.get("retry-after")
+    result = RetryAfter()
     if value is not None:
-        number = parse_number(value)
-        if number is not None:
-            wait = clamp_wait(number)
+        seconds, moment = _seconds_of(value, now)
+        if seconds is not None:
+            result = RetryAfter(seconds=seconds, name="retry-after", moment=moment)
         else:
-            wait, _ = reset_value(value, now)
-        if wait is not None and (best is None or wait > best):
-            best, source, raw = wait, "retry-after", number if number is not None else wait
-    return best, source, raw
+            malformed.append("retry-after")
+    if malformed:
+        for name in malformed:
+            _LOG.debug(
+                "unreadable %s header ignored: %r", name, headers.get(name, "")[:_LOGGED_CHARS]
+            )
+        result = RetryAfter(
+            seconds=result.seconds, name=result.name, moment=result.moment,
+            malformed=tuple(malformed),
+        )
+    return result
 
 
 # --- observed limits -------------------------------------------------------
@@ -125,6 +166,9 @@ _FAMILIES: tuple[tuple[str, str, Dimension, float | dict[str | None, float] | No
     # Together documents neither header's window (and its limits are dynamic).
     ("x-tokenlimit-", "", Dimension.TOKENS, None),
     ("x-ratelimitbysize-", "-minute", Dimension.TOKENS, _MINUTE),
+    # Cerebras names the window in the header: requests per day, tokens per minute.
+    ("x-ratelimit-", "-requests-day", Dimension.REQUESTS_PER_DAY, _DAY),
+    ("x-ratelimit-", "-tokens-minute", Dimension.TOKENS, _MINUTE),
     # Single-window: GitHub's is per hour; OpenRouter's and Together's are not stated.
     ("x-ratelimit-", "", Dimension.REQUESTS, {"github": _HOUR}),
     # The older RateLimit-Limit draft carries its window only in a policy.

@@ -18,12 +18,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from rateloop.classify._evidence import Evidence, Finding, error_object
-from rateloop.classify._phrases import dimension_of, period_of, spend_of, wait_in
+from rateloop.classify._phrases import dimension_of, never_fits, period_of, spend_of, wait_in
 from rateloop.signal import Kind
 
 __all__ = ["by_status", "code_of", "message_of", "overloaded", "throttle"]
 
-_OVERLOADED = re.compile(r"\boverloaded\b|\bover capacity\b|\bat capacity\b", re.IGNORECASE)
+_OVERLOADED = re.compile(
+    r"\boverloaded\b|\bover capacity\b|\bat capacity\b|\bhigh demand\b|"
+    r"\bno capacity available\b",
+    re.IGNORECASE,
+)
 _MAX_MESSAGE = 20_000
 
 
@@ -57,7 +61,15 @@ def overloaded(text: str) -> bool:
 def throttle(
     ev: Evidence, *, message: str, code: str | None, matched: str | None
 ) -> Finding:
-    """Spend, else spent period, else a temporary throttle with its wait and dimension."""
+    """Never fits, else spend, else spent period, else a temporary throttle.
+
+    A request larger than its whole limit is ``invalid`` whatever the status:
+    waiting cannot help it.  A period named only in prose is ``soft``: the
+    core turns it into a short throttle when the stated wait is short.
+    """
+    too_large = never_fits(message)
+    if too_large is not None:
+        return Finding(kind=Kind.INVALID, code=code, matched=too_large)
     spend = spend_of(message)
     if spend is not None:
         return Finding(kind=Kind.SPEND, code=code, matched=spend)
@@ -70,6 +82,7 @@ def throttle(
             matched=phrase,
             dimension=dimension,
             retry_after=wait_in(message),
+            soft_period=True,
         )
     return Finding(
         kind=Kind.TEMPORARY,

@@ -33,6 +33,7 @@ __all__ = [
     "parse_duration",
     "parse_number",
     "reset_value",
+    "seconds_between",
     "seconds_until",
 ]
 
@@ -163,6 +164,14 @@ def seconds_until(moment: datetime, now: datetime) -> float | None:
     """The clamped wait from ``now`` until ``moment`` (0 when it has passed)."""
     try:
         return clamp_wait((moment - now).total_seconds())
+    except (OverflowError, TypeError):
+        return None
+
+
+def seconds_between(moment: datetime, now: datetime) -> float | None:
+    """``moment - now`` in seconds, unclamped (negative when it has passed)."""
+    try:
+        return (moment - now).total_seconds()
     except (OverflowError, TypeError):
         return None
 

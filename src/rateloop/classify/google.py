@@ -18,7 +18,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop.classify._evidence import Evidence, Finding, error_object
-from rateloop.classify._phrases import period_of
+from rateloop.classify._phrases import period_of, without_google_sentence
 from rateloop.classify._rules import message_of, overloaded, throttle
 from rateloop.classify._time import parse_duration
 from rateloop.signal import Dimension, Kind
@@ -62,6 +62,15 @@ def _details(err: Mapping[str, Any], suffix: str) -> list[Mapping[str, Any]]:
     ]
 
 
+def _violations(value: Any) -> list[Any]:
+    """``violations`` as a list: a single violation object is one; anything else none."""
+    if isinstance(value, list):
+        return value[:64]
+    if isinstance(value, Mapping):
+        return [value]
+    return []
+
+
 def _violation_text(violation: Any) -> str:
     if not isinstance(violation, Mapping):
         return ""
@@ -89,8 +98,7 @@ def _exhausted(ev: Evidence, err: Mapping[str, Any], message: str) -> Finding:
     violations = [
         _violation_text(v)
         for failure in _details(err, "google.rpc.QuotaFailure")
-        for v in (failure.get("violations") or [])
-        if isinstance(failure.get("violations"), list)
+        for v in _violations(failure.get("violations"))
     ]
     for text in violations:
         period = period_of(text)
@@ -113,7 +121,10 @@ def _exhausted(ev: Evidence, err: Mapping[str, Any], message: str) -> Finding:
             dimension=_dimension(first, per_day=False),
             retry_after=delay,
         )
-    found = throttle(ev, message=message, code="RESOURCE_EXHAUSTED", matched="RESOURCE_EXHAUSTED")
+    found = throttle(
+        ev, message=without_google_sentence(message), code="RESOURCE_EXHAUSTED",
+        matched="RESOURCE_EXHAUSTED",
+    )
     if delay is not None and found.kind is Kind.TEMPORARY:
         return Finding(
             kind=found.kind,
