@@ -28,7 +28,6 @@ TIMEOUT_SECS = 60
 KNOWN_FAILING: dict[str, str] = {
     "docs/admission.md": "placeholder call_the_model() (owned by the admission page)",
     "docs/agents.md": "runs the real `claude` CLI, absent here (owned by the agents page)",
-    "docs/classify.md": "placeholder `response` (owned by the classify page)",
 }
 
 # Runs in the child: execute every block of one page in one namespace.

@@ -216,7 +216,8 @@ def test_deadline_too_close_for_the_servers_wait(run: Runner, clock: FakeClock) 
 def test_pause_limit_stops_instead_of_holding_the_process(run: Runner, clock: FakeClock) -> None:
     fn = FaultScript([http_error(429, openai_429(), {"retry-after": "7200"})])
     out = run(fn, route=A, policy=policy())
-    assert out.status is Status.WAITING_FOR_CAPACITY
+    # A wait beyond the pause limit is a spent period allowance (the far-wait rule).
+    assert out.status is Status.WAITING_FOR_RESET
     assert clock.sleeps == []
 
 
@@ -597,7 +598,7 @@ def test_period_quota_is_surfaced_under_the_rate_limit_scope(run: Runner) -> Non
 def test_retry_at_is_never_earlier_than_the_server_asked(run: Runner, clock: FakeClock) -> None:
     fn = FaultScript([http_error(429, openai_429(), {"retry-after": "99999"})])
     out = run(fn, route=A, policy=policy())
-    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.status is Status.WAITING_FOR_RESET
     assert out.retry_at is not None
     assert out.retry_at >= clock.now() + timedelta(seconds=99999)
 

@@ -170,7 +170,7 @@ def test_a_primary_wait_past_the_deadline_falls_back_at_once(run: Runner) -> Non
 def test_a_skipped_fallback_is_named_in_the_reason(run: Runner) -> None:
     fn = FaultScript({"a": [throttle("7200")], "b": [OK]})
     out = run(fn, route=A, fallbacks=[B], data_class="pii", policy=policy())
-    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.status is Status.WAITING_FOR_RESET  # a 2 h wait is a spent period
     assert "skipped anthropic:b (data class 'pii' is not allowed on this route)" in out.reason
 
 

@@ -19,7 +19,8 @@ The rules, in order:
    lasts and the caller's deadline has not passed.
 1. ``ok`` ends the call: ``completed`` on the primary, ``degraded`` on a fallback.
 2. ``period_quota`` and ``spend`` never retry the same route.  Outside the
-   ``rate-limit`` scope they may move to a fallback on *another provider*;
+   ``rate-limit`` scope they move at once (no backoff: it has refused nothing)
+   to a fallback on *another provider*;
    otherwise ``waiting_for_reset`` (period quota, with ``retry_at``) or
    ``needs_operator`` (spend).
 3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
@@ -224,7 +225,12 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
         if policy.trigger_scope != "rate-limit" and state.budget.can_attempt():
             found = _next_route(state, policy, exclude_providers=exclude)
             if isinstance(found, FallBack):
-                return _fit_fallback(state, policy, now, found, signal)
+                # The other provider has refused nothing: no backoff before it.
+                reason = (
+                    f"{kind.value} on {state.route.scope}; "
+                    f"falling back to {found.route.scope} at once"
+                )
+                return FallBack(found.route, 0.0, reason, found.index, found.skipped)
             skipped = found
         else:
             skipped = ()
