@@ -120,6 +120,8 @@ class PendingOperation:
     def of(
         cls, step: str, operation: str, route: Route | None, cost: Cost | None
     ) -> PendingOperation:
+        if cost is None and route is not None:
+            cost = Cost()  # what the loop charges a call that names no cost
         return cls(
             step=step,
             operation=operation,
