@@ -28,6 +28,7 @@ VERSION = os.environ.get("RATELOOP_TEST_APP_VERSION", "1")
 def effects_db() -> sqlite3.Connection:
     conn = sqlite3.connect(os.environ["RATELOOP_TEST_EFFECTS"], timeout=30, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")  # durable across kill -9, the fault tested here
     return conn
 
 

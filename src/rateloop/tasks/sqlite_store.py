@@ -2,9 +2,12 @@
 
 Writes take SQLite's write lock at ``BEGIN IMMEDIATE`` so a read-modify-write
 (claim, save, submit) is never interleaved with another process's; readers
-never block writers in WAL mode.  ``synchronous=FULL`` by default: a committed
-checkpoint survives a power loss, not just a process crash
-(``?synchronous=normal`` trades that for speed).
+never block writers in WAL mode.  ``synchronous=NORMAL`` by default: a
+committed checkpoint survives any crash of a process (``kill -9`` included)
+but the last few may roll back on a power loss or an OS crash, in which case
+their steps run again under the same idempotency keys.  ``?synchronous=full``
+makes every commit survive a power loss too, at one fsync per commit (about
+ten times slower on a typical disk; see ``bench/tasks_bench.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class SQLiteTaskStore(SQLTaskStore):
         path: str | Path,
         *,
         clock: Clock | None = None,
-        synchronous: str = "full",
+        synchronous: str = "normal",
         timeout_secs: float = 30.0,
     ) -> None:
         super().__init__(clock=clock, url=f"sqlite:///{path}")

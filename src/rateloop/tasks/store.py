@@ -3,7 +3,8 @@
 Allowed URLs:
 
 - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
-  (``?synchronous=normal`` to trade power-loss durability for speed);
+  (``?synchronous=full`` to make each commit survive a power loss, not only a
+  process crash);
 - ``postgresql://user[:password]@host[:port]/database[?schema=name]``
   (``postgres://`` too).
 """
@@ -80,7 +81,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> TaskStore:
         unknown = set(query) - {"synchronous"}
         if unknown:
             raise _bad(url, f"has unknown option(s) {sorted(unknown)}; SQLite allows synchronous")
-        sync = query.get("synchronous", "full")
+        sync = query.get("synchronous", "normal")
         if sync not in ("full", "normal"):
             raise _bad(url, f"has synchronous={sync!r}; allowed: full, normal")
         return SQLiteTaskStore(path, clock=clock, synchronous=sync)
