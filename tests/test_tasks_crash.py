@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 import test_tasks_app as app
 from rateloop.tasks import QueuePolicy, TaskRecord, TaskRunner, TaskState, open_store
+from rateloop.tasks.postgres_store import PostgresTaskStore
 from rateloop.tasks.store import TaskStore
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -31,9 +33,9 @@ LEASE = "1.0"
 class Fleet:
     """Worker processes on one store; every one started is stopped at teardown."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, url: str | None = None) -> None:
         self.tmp = tmp
-        self.url = f"sqlite:///{tmp}/tasks.db"
+        self.url = url or f"sqlite:///{tmp}/tasks.db"
         self.effects = str(tmp / "effects.db")
         app.init_effects(self.effects)
         (tmp / "policy.toml").write_text("pause_limit_secs = 1\n")
@@ -100,8 +102,26 @@ class Fleet:
                 p.wait()
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
+    """Workers on a SQLite file, or on PostgreSQL in a schema of this test's own."""
+    url = schema = dsn = None
+    if request.param == "postgres":
+        dsn = request.getfixturevalue("postgres_dsn")
+        schema = f"rateloop_test_{uuid.uuid4().hex[:10]}"
+        url = f"{dsn}?schema={schema}"
+    f = Fleet(tmp_path, url)
+    yield f
+    f.stop_all()
+    f.store.close()
+    if dsn is not None and schema is not None:
+        cleaner = PostgresTaskStore(dsn, schema=schema)
+        cleaner.drop()
+        cleaner.close()
+
+
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+def sqlite_fleet(tmp_path: Path) -> Iterator[Fleet]:
     f = Fleet(tmp_path)
     yield f
     f.stop_all()
@@ -166,7 +186,8 @@ def test_sigterm_finishes_the_step_and_releases_the_task(fleet: Fleet) -> None:
 
 
 @pytest.mark.slow
-def test_chaos_1000_tasks_4_workers_random_kill_9(fleet: Fleet) -> None:
+def test_chaos_1000_tasks_4_workers_random_kill_9(sqlite_fleet: Fleet) -> None:
+    fleet = sqlite_fleet
     rng = random.Random(12)
     ids = [
         fleet.submit("limit_once" if i % 20 == 0 else "chaos").task_id for i in range(1000)
