@@ -385,3 +385,12 @@ def test_a_worker_without_the_definition_hands_the_task_to_an_operator(
     got = store.get(rec.task_id)
     assert got is not None and got.state is TaskState.NEEDS_OPERATOR
     assert "no task named 'report'" in got.checkpoint.reason
+
+
+def test_the_top_level_names() -> None:
+    import rateloop
+    import rateloop.tasks
+
+    assert rateloop.task is rateloop.tasks.task
+    assert rateloop.TaskRunner is TaskRunner and rateloop.AsyncTaskRunner is AsyncTaskRunner
+    assert rateloop.TaskState is TaskState
