@@ -57,9 +57,11 @@ def worker_command(
 ) -> None:
     """Run workers until SIGTERM/SIGINT; the step in flight finishes and its task is released."""
     from rateloop.policy import Policy
+    from rateloop.tasks import agent_steps  # registers the parked CLI agent step
     from rateloop.tasks.definition import registry
     from rateloop.tasks.worker import import_app, run_worker
 
+    del agent_steps
     for spec in app or []:
         try:
             import_app(spec)

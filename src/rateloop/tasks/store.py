@@ -11,6 +11,7 @@ Allowed URLs:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -22,12 +23,14 @@ from rateloop.tasks.model import TaskRecord
 from rateloop.tasks.queue import QueuePolicy
 from rateloop.tasks.states import TaskState
 
-__all__ = ["ALLOWED_URLS", "TaskStore", "open_store"]
+__all__ = ["ALLOWED_URLS", "TaskStore", "check_store_url", "open_store"]
 
 ALLOWED_URLS = (
     "sqlite:///path/to/tasks.db (relative) or sqlite:////abs/path/tasks.db, "
     "postgresql://user@host:5432/database[?schema=name]"
 )
+
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 @runtime_checkable
@@ -57,22 +60,13 @@ def _bad(url: str, why: str) -> ConfigError:
     )
 
 
-def open_store(url: str, *, clock: Clock | None = None) -> TaskStore:
-    """Open (and migrate) the store a URL names.
-
-    >>> try:
-    ...     open_store("redis://127.0.0.1:6379/0")
-    ... except ValueError as exc:
-    ...     print(str(exc).split(" (allowed")[0])
-    store: task store URL 'redis://127.0.0.1:6379/0' has an unsupported scheme 'redis'
-    """
+def _parse(url: str) -> tuple[str, str, dict[str, str]]:
+    """``(engine, path or DSN, options)`` of a store URL, or a ConfigError naming it."""
     if not isinstance(url, str) or "://" not in url:
         raise _bad(str(url), "is not a URL")
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     if parts.scheme == "sqlite":
-        from rateloop.tasks.sqlite_store import SQLiteTaskStore
-
         if parts.netloc:
             raise _bad(url, "names a host; SQLite URLs have three slashes: sqlite:///path")
         path = parts.path[1:]
@@ -84,14 +78,37 @@ def open_store(url: str, *, clock: Clock | None = None) -> TaskStore:
         sync = query.get("synchronous", "normal")
         if sync not in ("full", "normal"):
             raise _bad(url, f"has synchronous={sync!r}; allowed: full, normal")
-        return SQLiteTaskStore(path, clock=clock, synchronous=sync)
+        return "sqlite", path, {"synchronous": sync}
     if parts.scheme in ("postgresql", "postgres"):
-        from rateloop.tasks.postgres_store import PostgresTaskStore
-
         schema = query.pop("schema", "rateloop")
+        if not _SCHEMA.match(schema):
+            raise _bad(
+                url, f"has schema={schema!r}: a lower-case SQL identifier ([a-z_][a-z0-9_]*)"
+            )
         dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(query), ""))
-        try:
-            return PostgresTaskStore(dsn, schema=schema, clock=clock)
-        except ValueError as exc:
-            raise _bad(url, str(exc)) from exc
+        return "postgres", dsn, {"schema": schema}
     raise _bad(url, f"has an unsupported scheme {parts.scheme!r}")
+
+
+def check_store_url(url: str) -> None:
+    """Raise :class:`~rateloop.ConfigError` for a URL :func:`open_store` cannot open; no I/O."""
+    _parse(url)
+
+
+def open_store(url: str, *, clock: Clock | None = None) -> TaskStore:
+    """Open (and migrate) the store a URL names.
+
+    >>> try:
+    ...     open_store("redis://127.0.0.1:6379/0")
+    ... except ValueError as exc:
+    ...     print(str(exc).split(" (allowed")[0])
+    store: task store URL 'redis://127.0.0.1:6379/0' has an unsupported scheme 'redis'
+    """
+    engine, target, options = _parse(url)
+    if engine == "sqlite":
+        from rateloop.tasks.sqlite_store import SQLiteTaskStore
+
+        return SQLiteTaskStore(target, clock=clock, synchronous=options["synchronous"])
+    from rateloop.tasks.postgres_store import PostgresTaskStore
+
+    return PostgresTaskStore(target, schema=options["schema"], clock=clock)
