@@ -394,3 +394,58 @@ def test_the_top_level_names() -> None:
     assert rateloop.task is rateloop.tasks.task
     assert rateloop.TaskRunner is TaskRunner and rateloop.AsyncTaskRunner is AsyncTaskRunner
     assert rateloop.TaskState is TaskState
+
+
+@pytest.mark.parametrize("cls", ["background", "safety"])
+def test_admission_is_checked_when_a_task_is_taken_with_its_class(
+    mode: str, store: TaskStore, clock: FakeClock, cls: str
+) -> None:
+    from rateloop.admission import LimitSpec
+    from rateloop.admission.limiter import Limiter
+
+    asked: list[str] = []
+
+    class Recording(Limiter):
+        def try_reserve(self, route: Route, cost: Any, *, priority: Any = "interactive") -> Any:
+            asked.append(str(priority))
+            return super().try_reserve(route, cost, priority=priority)
+
+        async def atry_reserve(
+            self, route: Route, cost: Any, *, priority: Any = "interactive"
+        ) -> Any:
+            asked.append(str(priority))
+            return await super().atry_reserve(route, cost, priority=priority)
+
+    limiter = Recording(limits={ROUTE.scope: LimitSpec(requests_per_minute=1)}, clock=clock)
+    loop_policy = Policy.from_dict({"pause_limit_secs": 30, "backoff": {"jitter": "none"}})
+    reg, calls = TaskRegistry(), []
+    t = two_step(reg, calls, lambda ctx, route: {"ok": True})
+    if mode == "sync":
+        sync = TaskRunner(store, tasks=reg, clock=clock,
+                          loop=RateLoop(loop_policy, limiter=limiter, clock=clock))
+        submit, run = sync.submit, sync.run_until_idle
+    else:
+        arun = AsyncTaskRunner(store, tasks=reg, clock=clock,
+                               loop=AsyncRateLoop(loop_policy, limiter=limiter, clock=clock))
+
+        def submit(*a: Any, **kw: Any) -> TaskRecord:
+            return asyncio.run(arun.submit(*a, **kw))
+
+        def run() -> list[TaskRecord]:
+            return asyncio.run(arun.run_until_idle())
+
+    first = submit(t, {"rows": 1}, priority=cls)
+    second = submit(t, {"rows": 2}, priority=cls)
+    run()
+    a, b = store.get(first.task_id), store.get(second.task_id)
+    assert a is not None and b is not None
+    assert a.state is TaskState.COMPLETED
+    assert b.state is TaskState.WAITING_FOR_CAPACITY  # no capacity: parked, not slept on
+    assert b.lease_owner is None and b.next_attempt_at > clock.now()
+    assert clock.sleeps == []
+    clock.advance((b.next_attempt_at - clock.now()).total_seconds())
+    run()
+    b = store.get(second.task_id)
+    assert b is not None and b.state is TaskState.COMPLETED
+    expected = "interactive" if cls == "safety" else cls
+    assert set(asked) == {expected}

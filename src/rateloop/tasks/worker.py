@@ -9,6 +9,7 @@ another worker takes the tasks again, counting a redelivery.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -20,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rateloop.errors import BackendError
 from rateloop.loop import RateLoop
 from rateloop.policy import Policy
 from rateloop.tasks.definition import TaskRegistry, registry
 from rateloop.tasks.model import TaskRecord
 from rateloop.tasks.queue import QueuePolicy
 from rateloop.tasks.runner import TaskRunner
-from rateloop.tasks.store import open_store
+from rateloop.tasks.store import TaskStore, open_store
 
 __all__ = ["WorkerStats", "import_app", "run_worker"]
 
@@ -83,23 +85,32 @@ def run_worker(
     open_store(url).close()  # a bad URL or an unreachable store fails here, once
 
     def work(n: int) -> None:
+        store: TaskStore | None = None
+        worker_id = f"{base}:{n}"
         try:
-            store = open_store(url)
-        except BaseException as exc:
-            errors.append(exc)
-            stop.set()
-            return
-        try:
-            runner = TaskRunner(
-                store, tasks=tasks if tasks is not None else registry, policy=policy,
-                worker_id=f"{base}:{n}", stop=stop, loop=RateLoop(loop_policy),
-            )
             while not stop.is_set():
-                rec = store.claim(runner.worker_id, lease_secs=runner.policy.lease_secs)
-                if rec is None:
-                    stop.wait(poll_secs)
+                try:
+                    if store is None:
+                        store = open_store(url)
+                    runner = TaskRunner(
+                        store, tasks=tasks if tasks is not None else registry, policy=policy,
+                        worker_id=worker_id, stop=stop, loop=RateLoop(loop_policy),
+                    )
+                    rec = store.claim(worker_id, lease_secs=runner.policy.lease_secs)
+                    if rec is None:
+                        stop.wait(poll_secs)
+                        continue
+                    last = runner.run_claimed(rec)
+                except BackendError as exc:
+                    # The store went away (a restart, a network blip): whatever this thread
+                    # held is fenced and its lease will expire; reconnect and go on.
+                    print(f"rateloop worker {worker_id}: {exc}; reconnecting", file=sys.stderr)
+                    if store is not None:
+                        with contextlib.suppress(Exception):
+                            store.close()
+                    store = None
+                    stop.wait(min(5.0, poll_secs * 10))
                     continue
-                last = runner.run_claimed(rec)
                 stats.count(last)
                 if on_delivery is not None:
                     on_delivery(last)
@@ -107,7 +118,8 @@ def run_worker(
             errors.append(exc)
             stop.set()
         finally:
-            store.close()
+            if store is not None:
+                store.close()
 
     threads = [
         threading.Thread(target=work, args=(n,), name=f"rateloop-worker-{n}")
