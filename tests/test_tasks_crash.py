@@ -120,14 +120,6 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
         cleaner.close()
 
 
-@pytest.fixture
-def sqlite_fleet(tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path)
-    yield f
-    f.stop_all()
-    f.store.close()
-
-
 def test_kill_9_between_a_checkpoint_and_the_wait(fleet: Fleet) -> None:
     rec = fleet.submit("kill_then_limit")
     first = fleet.start()
@@ -186,8 +178,7 @@ def test_sigterm_finishes_the_step_and_releases_the_task(fleet: Fleet) -> None:
 
 
 @pytest.mark.slow
-def test_chaos_1000_tasks_4_workers_random_kill_9(sqlite_fleet: Fleet) -> None:
-    fleet = sqlite_fleet
+def test_chaos_1000_tasks_4_workers_random_kill_9(fleet: Fleet) -> None:
     rng = random.Random(12)
     ids = [
         fleet.submit("limit_once" if i % 20 == 0 else "chaos").task_id for i in range(1000)
