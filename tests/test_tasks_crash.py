@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -230,3 +231,43 @@ def test_chaos_1000_tasks_4_workers_random_kill_9(fleet: Fleet) -> None:
     assert 2 * len(ids) <= executions <= 2 * len(ids) + wakes + redeliveries, table
     # Every limit_once task parked once, unless the kill took its first attempt.
     assert wakes >= len(ids) // 20 - redeliveries, table
+
+
+def test_a_heartbeat_keeps_a_long_step_from_being_taken(tmp_path: Path) -> None:
+    """A step three times longer than the lease: no other worker takes the task meanwhile."""
+    from rateloop.tasks import StepContext, TaskRegistry, task
+
+    reg = TaskRegistry()
+    t = task("long", into=reg)
+    started = threading.Event()
+
+    @t.step()
+    def slow(ctx: StepContext) -> int:
+        started.set()
+        time.sleep(0.9)
+        return 1
+
+    url = f"sqlite:///{tmp_path}/tasks.db"
+    policy = QueuePolicy(lease_secs=0.3)
+    owner_store, thief_store = open_store(url), open_store(url)
+    try:
+        owner = TaskRunner(owner_store, tasks=reg, policy=policy)
+        rec = owner.submit(t)
+        result: list[object] = []
+        runner = threading.Thread(target=lambda: result.extend(owner.run_until_idle()))
+        runner.start()
+        assert started.wait(10)
+        stolen = []
+        while runner.is_alive():
+            got = thief_store.claim("thief", lease_secs=0.3)
+            if got is not None:
+                stolen.append(got)
+            time.sleep(0.05)
+        runner.join()
+        assert stolen == []
+        done = owner_store.get(rec.task_id)
+        assert done is not None and done.state is TaskState.COMPLETED
+        assert done.checkpoint.attempts_used.redeliveries == 0
+    finally:
+        owner_store.close()
+        thief_store.close()
