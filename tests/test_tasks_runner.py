@@ -449,3 +449,30 @@ def test_admission_is_checked_when_a_task_is_taken_with_its_class(
     assert b is not None and b.state is TaskState.COMPLETED
     expected = "interactive" if cls == "safety" else cls
     assert set(asked) == {expected}
+
+
+def test_logs_name_the_task_never_its_arguments(
+    store: TaskStore, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    reg, calls = TaskRegistry(), []
+    t = two_step(reg, calls, lambda ctx: Outcome(
+        status=Status.WAITING_FOR_RESET, reason="daily quota",
+        retry_at=clock.now() + timedelta(seconds=60)), route=None)
+    runner = TaskRunner(store, tasks=reg, clock=clock)
+    rec = runner.submit(t, {"rows": 1, "prompt": "summarize the secret merger memo"})
+    with caplog.at_level(logging.INFO, logger="rateloop.tasks"):
+        runner.run_until_idle()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert rec.task_id in text and "waiting_for_reset at step 1/2: daily quota" in text
+    assert "merger" not in text
+    parked = store.get(rec.task_id)
+    assert parked is not None
+    assert parked.checkpoint.attempts_used.attempts == rateloop_attempts(loop=0)
+
+
+def rateloop_attempts(**kw: int) -> Any:
+    from rateloop import Attempts
+
+    return Attempts(**kw)

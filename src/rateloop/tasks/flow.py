@@ -21,7 +21,8 @@ The rules, in order:
    task until ``retry_at`` and releases it (``expired`` when that is past the
    deadline); ``needs_operator``/``invalid``/``rejected`` → ``needs_operator``;
    ``failed_retry_exhausted`` → that, or ``partial`` when some steps are done.
-   A step that raises ends the task ``needs_operator`` (a bug, not a refusal).
+   A step that raises ends the task ``needs_operator`` (a bug, not a refusal); the
+   reason names the exception's type, never its message.
 5. After a checkpoint, a worker asked to stop (SIGTERM) releases the task
    (``queued``, due now) instead of starting the next step.
 """
@@ -34,7 +35,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from rateloop._redact import redact
 from rateloop.outcome import Outcome, Status
 from rateloop.tasks.definition import Step, StepContext, Task
 from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
@@ -161,10 +161,10 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
         result = yield RunStep(step, context, rec.deadline, rec.priority.loop_priority)
         now = result.now
         if result.error is not None:
-            err = result.error
+            # The exception's type only: its message may quote a prompt or a secret.
             return (yield from finish(
                 TaskState.NEEDS_OPERATOR,
-                f"step {step.name} raised {type(err).__name__}: {redact(str(err))[:200]}",
+                f"step {step.name} raised {type(result.error).__name__} (a bug, not a refusal)",
             ))
         out = result.outcome
         assert out is not None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from rateloop.outcome import Attempts
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal
 from rateloop.tasks.states import PriorityClass, TaskState
@@ -90,6 +91,11 @@ class Ledger:
     def to_dict(self) -> dict[str, int]:
         return {"loop": self.loop, "sdk": self.sdk, "redeliveries": self.redeliveries,
                 "wakes": self.wakes}
+
+    @property
+    def attempts(self) -> Attempts:
+        """The ledger as the loop's :class:`~rateloop.Attempts` (``redeliveries`` included)."""
+        return Attempts(loop=self.loop, sdk=self.sdk, redeliveries=self.redeliveries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import socket
 import threading
@@ -30,6 +31,8 @@ from rateloop.tasks.states import PriorityClass, TaskState
 from rateloop.tasks.store import TaskStore
 
 __all__ = ["AsyncTaskRunner", "TaskRunner"]
+
+_log = logging.getLogger("rateloop.tasks")
 
 
 def _when(value: datetime | float | None, now: datetime, what: str) -> datetime | None:
@@ -121,6 +124,16 @@ class _BaseRunner:
             deadline=due,
         )
 
+    def _log_delivery(self, claimed: TaskRecord, last: TaskRecord | None) -> None:
+        # Ids, states and the loop's reasons only: never the task's arguments or results.
+        if last is None:
+            _log.warning("task %s (%s): lease lost; another worker owns it now",
+                         claimed.task_id, claimed.name)
+            return
+        _log.info("task %s (%s): %s at step %d/%d: %s", last.task_id, last.name,
+                  last.state.value, last.checkpoint.current_step, len(last.steps),
+                  last.checkpoint.reason)
+
     def _ack(self, ok: bool) -> SaveAck:
         return SaveAck(ok=ok, stop=self.stop.is_set(), now=self.clock.now())
 
@@ -191,6 +204,7 @@ class TaskRunner(_BaseRunner):
                 try:
                     effect = flow.send(result)
                 except StopIteration as stop:
+                    self._log_delivery(rec, stop.value)
                     return stop.value  # type: ignore[no-any-return]
                 if isinstance(effect, Save):
                     result = self._ack(self.store.save(effect.record, fence=rec.fence))
@@ -314,6 +328,7 @@ class AsyncTaskRunner(_BaseRunner):
                 try:
                     effect = flow.send(result)
                 except StopIteration as stop:
+                    self._log_delivery(rec, stop.value)
                     return stop.value  # type: ignore[no-any-return]
                 if isinstance(effect, Save):
                     ok = await asyncio.to_thread(self.store.save, effect.record, fence=rec.fence)
