@@ -233,19 +233,31 @@ def test_chaos_1000_tasks_4_workers_random_kill_9(fleet: Fleet) -> None:
     assert wakes >= len(ids) // 20 - redeliveries, table
 
 
-def test_a_heartbeat_keeps_a_long_step_from_being_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_a_heartbeat_keeps_a_long_step_from_being_taken(tmp_path: Path, twin: str) -> None:
     """A step three times longer than the lease: no other worker takes the task meanwhile."""
-    from rateloop.tasks import StepContext, TaskRegistry, task
+    import asyncio
+
+    from rateloop.tasks import AsyncTaskRunner, StepContext, TaskRegistry, task
 
     reg = TaskRegistry()
     t = task("long", into=reg)
     started = threading.Event()
 
     @t.step()
-    def slow(ctx: StepContext) -> int:
+    async def slow(ctx: StepContext) -> int:
         started.set()
-        time.sleep(0.9)
+        await asyncio.sleep(0.9)
         return 1
+
+    if twin == "sync":
+        t.steps.clear()
+
+        @t.step()
+        def slow_sync(ctx: StepContext) -> int:
+            started.set()
+            time.sleep(0.9)
+            return 1
 
     url = f"sqlite:///{tmp_path}/tasks.db"
     policy = QueuePolicy(lease_secs=0.3)
@@ -253,8 +265,15 @@ def test_a_heartbeat_keeps_a_long_step_from_being_taken(tmp_path: Path) -> None:
     try:
         owner = TaskRunner(owner_store, tasks=reg, policy=policy)
         rec = owner.submit(t)
-        result: list[object] = []
-        runner = threading.Thread(target=lambda: result.extend(owner.run_until_idle()))
+        if twin == "sync":
+            target = owner.run_until_idle
+        else:
+            aowner = AsyncTaskRunner(owner_store, tasks=reg, policy=policy)
+
+            def target() -> list[TaskRecord]:
+                return asyncio.run(aowner.run_until_idle())
+
+        runner = threading.Thread(target=target)
         runner.start()
         assert started.wait(10)
         stolen = []
@@ -271,3 +290,41 @@ def test_a_heartbeat_keeps_a_long_step_from_being_taken(tmp_path: Path) -> None:
     finally:
         owner_store.close()
         thief_store.close()
+
+
+def test_a_worker_with_several_threads_runs_every_task_once(tmp_path: Path) -> None:
+    from rateloop.tasks import StepContext, TaskRegistry, task
+    from rateloop.tasks.worker import WorkerStats, run_worker
+
+    reg = TaskRegistry()
+    t = task("count", into=reg)
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    @t.step()
+    def one(ctx: StepContext) -> str:
+        with lock:
+            seen.append(ctx.task_id)
+        time.sleep(0.01)  # long enough for the threads to overlap
+        return ctx.task_id
+
+    url = f"sqlite:///{tmp_path}/tasks.db"
+    store = open_store(url)
+    try:
+        ids = [TaskRunner(store, tasks=reg).submit(t).task_id for _ in range(40)]
+        stop = threading.Event()
+        stats: list[WorkerStats] = []
+        worker = threading.Thread(target=lambda: stats.append(
+            run_worker(url, stop=stop, concurrency=3, tasks=reg, poll_secs=0.02)))
+        worker.start()
+        end = time.monotonic() + 30
+        while store.counts().get(TaskState.COMPLETED, 0) < len(ids):
+            assert time.monotonic() < end, store.counts()
+            time.sleep(0.02)
+        stop.set()
+        worker.join(30)
+        assert sorted(seen) == sorted(ids)
+        (result,) = stats
+        assert result.deliveries == 40 and result.by_state == {"completed": 40}
+    finally:
+        store.close()
