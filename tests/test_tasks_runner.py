@@ -476,3 +476,32 @@ def rateloop_attempts(**kw: int) -> Any:
     from rateloop import Attempts
 
     return Attempts(**kw)
+
+
+@pytest.mark.parametrize(("verdict", "state"), [(True, TaskState.COMPLETED),
+                                                (None, TaskState.NEEDS_OPERATOR)])
+def test_a_write_that_failed_ambiguously_asks_its_outcome_check(
+    mode: str, store: TaskStore, clock: FakeClock, verdict: Any, state: TaskState
+) -> None:
+    reg, calls = TaskRegistry(), []
+    asked: list[tuple[str, str]] = []
+    t = task("post", into=reg)
+
+    def applied(ctx: StepContext, route: Route) -> Any:
+        asked.append((ctx.idempotency_key, route.model))
+        return verdict
+
+    @t.step(route=ROUTE, idempotent=False, outcome_check=applied, operation="tool.post")
+    def post(ctx: StepContext, route: Route) -> Any:
+        calls.append("post")
+        raise httpx.ReadTimeout("no answer after the request was sent")
+
+    h = Harness(mode, store, clock, reg)
+    rec = h.submit(t, {})
+    h.run()
+    got = h.get(rec.task_id)
+    assert got.state is state
+    assert calls == ["post"]  # never retried blindly
+    assert asked == [(f"{rec.task_id}:post", "m")]
+    assert got.checkpoint.outcome_check is not None
+    assert got.checkpoint.outcome_check.endswith("applied")

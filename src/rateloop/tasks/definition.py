@@ -52,6 +52,15 @@ class Step:
     operation: str = "model.generate"
     idempotent: bool = True
     fallbacks: tuple[Route, ...] | None = None
+    outcome_check: Callable[[StepContext, Route], Any] | None = None
+
+    @property
+    def outcome_check_ref(self) -> str | None:
+        """The check's name as the checkpoint records it (a reference, never code)."""
+        fn = self.outcome_check
+        if fn is None:
+            return None
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 @dataclass(slots=True)
@@ -83,8 +92,14 @@ class Task:
         operation: str = "model.generate",
         idempotent: bool = True,
         fallbacks: Iterable[Route] | None = None,
+        outcome_check: Callable[[StepContext, Route], Any] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: append the function as the next step."""
+        """Decorator: append the function as the next step.
+
+        A write (``idempotent=False``) whose call fails ambiguously is never
+        retried blindly: ``outcome_check(ctx, route)`` says whether it took
+        effect (see :mod:`rateloop.writes`); without one it ends ``needs_operator``.
+        """
 
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or fn.__name__
@@ -95,6 +110,7 @@ class Task:
                     name=step_name, fn=fn, route=route, cost=cost, operation=operation,
                     idempotent=idempotent,
                     fallbacks=tuple(fallbacks) if fallbacks is not None else None,
+                    outcome_check=outcome_check,
                 )
             )
             return fn

@@ -147,6 +147,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
         ck = rec.checkpoint
         rec = rec.with_checkpoint(
             pending_operation=PendingOperation.of(step.name, step.operation, step.route, step.cost),
+            outcome_check=step.outcome_check_ref,
             user_visible_status=f"running step {step.name} ({index + 1} of {len(steps)})",
         )
         context = StepContext(

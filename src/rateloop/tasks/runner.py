@@ -16,13 +16,14 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.loop import AsyncRateLoop, Priority, RateLoop
 from rateloop.outcome import Outcome, Status
+from rateloop.route import Route
 from rateloop.tasks.definition import Task, TaskRegistry, registry
 from rateloop.tasks.flow import RunStep, Save, SaveAck, StepResult, task_flow
 from rateloop.tasks.model import Checkpoint, TaskRecord
@@ -43,6 +44,13 @@ def _when(value: datetime | float | None, now: datetime, what: str) -> datetime 
     if isinstance(value, datetime) and value.tzinfo is not None:
         return value
     raise ValueError(f"{what} must be an aware datetime or seconds from now, got {value!r}")
+
+
+def _check_of(effect: RunStep) -> Callable[[Route], Any] | None:
+    check, ctx = effect.step.outcome_check, effect.context
+    if check is None:
+        return None
+    return lambda route: check(ctx, route)
 
 
 class _BaseRunner:
@@ -227,6 +235,7 @@ class TaskRunner(_BaseRunner):
                     fallbacks=step.fallbacks,
                     priority=cast(Priority, effect.priority),
                     task_id=ctx.task_id,
+                    outcome_check=_check_of(effect),
                 )
             else:
                 value = step.fn(ctx)
@@ -362,6 +371,7 @@ class AsyncTaskRunner(_BaseRunner):
                     fallbacks=step.fallbacks,
                     priority=cast(Priority, effect.priority),
                     task_id=ctx.task_id,
+                    outcome_check=_check_of(effect),
                 )
             else:
                 value = step.fn(ctx)
