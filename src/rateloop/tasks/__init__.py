@@ -20,8 +20,10 @@ from rateloop.tasks.model import (
     TaskRecord,
     runtime_summary,
 )
+from rateloop.tasks.postgres_store import PostgresTaskStore
 from rateloop.tasks.queue import QueuePolicy, SubmitVerdict, admit_submit
 from rateloop.tasks.runner import AsyncTaskRunner, TaskRunner
+from rateloop.tasks.sqlite_store import SQLiteTaskStore
 from rateloop.tasks.states import (
     READY_STATES,
     TERMINAL_STATES,
@@ -29,7 +31,7 @@ from rateloop.tasks.states import (
     PriorityClass,
     TaskState,
 )
-from rateloop.tasks.store import ALLOWED_URLS, TaskStore, open_store
+from rateloop.tasks.store import ALLOWED_URLS, TaskStore, check_store_url, open_store
 
 __all__ = [
     "ALLOWED_URLS",
@@ -42,8 +44,10 @@ __all__ = [
     "CompletedStep",
     "Ledger",
     "PendingOperation",
+    "PostgresTaskStore",
     "PriorityClass",
     "QueuePolicy",
+    "SQLiteTaskStore",
     "Step",
     "StepContext",
     "SubmitVerdict",
@@ -54,6 +58,7 @@ __all__ = [
     "TaskState",
     "TaskStore",
     "admit_submit",
+    "check_store_url",
     "open_store",
     "registry",
     "runtime_summary",
