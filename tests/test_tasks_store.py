@@ -305,3 +305,24 @@ def test_bad_store_urls_are_clear_errors(url: str, needle: str) -> None:
     assert needle in text
     assert "sqlite:///" in text and "postgresql://" in text  # what is allowed
     assert "secret" not in text
+
+
+def test_sqlite_errors_are_backend_errors(tmp_path: Path, clock: FakeClock) -> None:
+    import sqlite3
+
+    from rateloop.errors import BackendError
+    from rateloop.tasks import SQLiteTaskStore
+
+    store = SQLiteTaskStore(tmp_path / "t.db", clock=clock, timeout_secs=0.1)
+    other = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with pytest.raises(BackendError, match="locked"):
+            store.submit(record(clock), POLICY)
+        other.execute("ROLLBACK")
+        other.execute("DROP TABLE rateloop_tasks")
+        with pytest.raises(BackendError, match="no such table"):
+            store.get("x")
+    finally:
+        other.close()
+        store.close()

@@ -12,6 +12,7 @@ ten times slower on a typical disk; see ``bench/tasks_bench.py``).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -80,6 +81,10 @@ class SQLiteTaskStore(SQLTaskStore):
             raise BackendError(f"SQLite task store {self.path!r}: {exc}") from exc
         try:
             yield q
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise BackendError(f"SQLite task store {self.path!r}: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise
