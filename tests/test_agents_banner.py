@@ -11,6 +11,7 @@ from rateloop.agents.banner import (
     rate_limit_banner,
     wait_visibly,
 )
+from rateloop.signal import Kind
 from rateloop.testing import FakeClock
 
 BANNER = """\
@@ -82,3 +83,28 @@ def test_no_wait_no_sleep() -> None:
     clock = FakeClock()
     wait_visibly(clock, 0.0, _Terminal())
     assert clock.sleeps == []
+
+
+OVERLOADED = """\
+================================================================================
+⏳ OVERLOADED detected (signal: "overloaded")
+   The provider is over capacity (not your limit). This is transient — backing off.
+   Waiting 120s before retry 2/5 (attempt 3 of 6) ...
+================================================================================"""
+
+
+def test_the_banner_names_an_overload() -> None:
+    text = rate_limit_banner(
+        signal="overloaded",
+        wait=120.0,
+        retry=2,
+        max_retries=5,
+        attempt=3,
+        total=6,
+        kind=Kind.OVERLOAD,
+    )
+    assert text == OVERLOADED
+    throttle = rate_limit_banner(
+        signal="429", wait=1, retry=1, max_retries=1, attempt=2, total=2, kind=Kind.TEMPORARY
+    )
+    assert "⏳ RATE LIMIT detected" in throttle and "OVERLOADED" not in throttle

@@ -164,7 +164,9 @@ def test_stdin_is_read_once_and_fed_to_every_attempt(tmp_path: Path) -> None:
         ({"RATELOOP_MAX_RETRIES": "abc"}, 6),  # unparseable: the default 5 retries
         ({"AMPLIHACK_RATELIMIT_MAX_RETRIES": "2"}, 3),  # amplihack's name is an alias
         ({"RATELOOP_MAX_RETRIES": "1", "AMPLIHACK_RATELIMIT_MAX_RETRIES": "3"}, 2),  # ours wins
-        ({"RATELOOP_MAX_RETRIES": "-4"}, 1),  # clamped to 0 retries
+        ({"RATELOOP_MAX_RETRIES": "-1"}, 6),  # not a u32: the default 5 retries
+        ({"RATELOOP_MAX_RETRIES": "+2"}, 3),  # Rust's u32 parse takes a leading '+'
+        ({"RATELOOP_MAX_RETRIES": "0"}, 1),
     ],
 )
 def test_environment_knobs_end_to_end(
@@ -177,3 +179,18 @@ def test_environment_knobs_end_to_end(
     assert _runs(tmp_path) == runs
     assert f"({runs} attempts total)" in done.stderr
 
+
+
+def test_a_failure_shows_the_agents_own_last_lines(tmp_path: Path) -> None:
+    key = "sk-ant-api03-" + "k" * 40
+    path, env = _agent(
+        tmp_path, "claude", [{"stdout": f"Invalid API key · Please run /login\n{key}\n", "exit": 1}]
+    )
+    done = _run(["--", str(path), "-p", "x"], env)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "--- last 2 lines of claude's stdout ---\n"
+        "Invalid API key · Please run /login\n"
+        "[redacted]\n"
+        "Error: claude failed (exit 1)\n"
+    )

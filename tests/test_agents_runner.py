@@ -8,18 +8,14 @@ for its own 1 s timeout.
 from __future__ import annotations
 
 import io
-import json
-import os
-import stat
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_scripts.harness import FakeAgent, install_agent
 from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.settings import SettingsLayer, resolve_settings
 from rateloop.events import RecordingSink
@@ -27,33 +23,12 @@ from rateloop.outcome import Status
 from rateloop.signal import Kind
 from rateloop.testing import FakeClock
 
-SCRIPT = Path(__file__).parent / "agent_scripts" / "fake_agent.py"
 RATE_LIMITED = {"stderr": "Error: You've hit your rate limit. Please wait.\n", "exit": 1}
 EXHAUSTED_3 = (
     "Error: {label} rate limit persisted after 3 retries (4 attempts total).\n"
     "The provider kept throttling this step. Increase RATELOOP_MAX_RETRIES\n"
     "or RATELOOP_BASE_DELAY_SECS, or retry later.\n"
 )
-
-
-@dataclass
-class FakeAgent:
-    """One installed fake agent: its executable, its state files and the env to run it with."""
-
-    path: Path
-    state: Path
-    env: dict[str, str]
-
-    @property
-    def runs(self) -> int:
-        counter = self.state / "count"
-        return int(counter.read_text()) if counter.exists() else 0
-
-    def calls(self) -> list[list[str]]:
-        calls = self.state / "calls.jsonl"
-        if not calls.exists():
-            return []
-        return [json.loads(line) for line in calls.read_text().splitlines()]
 
 
 Install = Callable[..., FakeAgent]
@@ -64,22 +39,7 @@ def install(tmp_path: Path) -> Install:
     """``install("claude", [behaviour, ...])``: an executable fake agent named ``claude``."""
 
     def _install(name: str, script: list[dict[str, Any]]) -> FakeAgent:
-        bindir = tmp_path / "bin"
-        bindir.mkdir(exist_ok=True)
-        state = tmp_path / f"state-{name}"
-        state.mkdir()
-        path = bindir / name
-        path.write_text(f"#!{sys.executable}\n" + SCRIPT.read_text())
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
-        (state / "script.json").write_text(json.dumps(script))
-        env = dict(os.environ)
-        env.update(
-            FAKE_AGENT_COUNTER=str(state / "count"),
-            FAKE_AGENT_SCRIPT=str(state / "script.json"),
-            FAKE_AGENT_CALLS=str(state / "calls.jsonl"),
-            FAKE_AGENT_PIDS=str(state / "pids"),
-        )
-        return FakeAgent(path=path, state=state, env=env)
+        return install_agent(tmp_path, name, script)
 
     return _install
 
@@ -437,3 +397,77 @@ def test_a_first_try_success_has_no_events_and_a_failure_has_a_stop(install: Ins
     assert [(e.decision.value, e.status, e.reason) for e in outcome.events] == [
         ("stop", "needs_operator", "gemini failed (exit 4)")
     ]
+
+
+def test_a_failed_attempts_own_stdout_is_shown_before_the_error(install: Install) -> None:
+    # Claude Code prints its auth error on stdout; stderr is empty.
+    agent = install("claude", [{"stdout": "Invalid API key · Please run /login\n", "exit": 1}])
+    err = io.StringIO()
+    outcome = run_step(
+        [str(agent.path), "-p", "x"], settings=_settings(), env=agent.env, stderr=err
+    )
+    assert err.getvalue() == (
+        "--- last line of claude's stdout ---\n"
+        "Invalid API key · Please run /login\n"
+        "Error: claude failed (exit 1)\n"
+    )
+    assert isinstance(outcome.value, StepFailure) and outcome.value.excerpt is not None
+    assert outcome.value.excerpt.lines == ("Invalid API key · Please run /login",)
+
+
+def test_the_excerpt_prefers_stderr_and_never_shows_a_key(install: Install) -> None:
+    key = "sk-ant-api03-" + "Z" * 40
+    agent = install(
+        "codex",
+        [{"stdout": "progress\n", "stderr": f"line 1\n401 Unauthorized: bad key {key}\n",
+          "exit": 3}],
+    )
+    err = io.StringIO()
+    outcome = run_step([str(agent.path)], settings=_settings(), env=agent.env, stderr=err)
+    text = err.getvalue()
+    assert exit_code_for(outcome) == 3
+    assert text.endswith(
+        "--- last 2 lines of codex's stderr ---\n"
+        "line 1\n401 Unauthorized: bad key [redacted]\n"
+        "Error: codex failed (exit 3)\n"
+    )
+    # The live stream is the child's own stderr, forwarded as is; the excerpt is redacted.
+    assert text.count(key) == 1
+
+
+def test_a_usage_limit_shows_the_agents_line_and_a_timeout_shows_none(install: Install) -> None:
+    line = "Claude AI usage limit reached|1767279600"
+    agent = install("claude", [{"stdout": line + "\n", "exit": 1}])
+    err = io.StringIO()
+    outcome = run_step(
+        [str(agent.path)], settings=_settings(), clock=FakeClock(), env=agent.env, stderr=err
+    )
+    assert exit_code_for(outcome) == 75
+    assert f"--- last line of claude's stdout ---\n{line}\nError: claude hit a usage limit" in (
+        err.getvalue()
+    )
+    ok = install("gemini", [{"stdout": "fine\n"}])
+    assert "---" not in _run_quietly(ok)
+
+
+def _run_quietly(agent: FakeAgent) -> str:
+    err = io.StringIO()
+    run_step([str(agent.path)], settings=_settings(), env=agent.env, stderr=err)
+    return err.getvalue()
+
+
+def test_an_overloaded_provider_is_named_in_the_banner(install: Install) -> None:
+    overloaded = {
+        "stderr": 'API Error: 529 {"type":"error","error":{"type":"overloaded_error",'
+        '"message":"Overloaded"}}\n',
+        "exit": 1,
+    }
+    agent = install("claude", [overloaded, RATE_LIMITED, {"stdout": "done"}])
+    err = io.StringIO()
+    outcome = run_step([str(agent.path)], settings=_settings(), env=agent.env, stderr=err)
+    assert outcome.status is Status.COMPLETED
+    text = err.getvalue()
+    assert '⏳ OVERLOADED detected (signal: "overloaded")\n' in text
+    assert "   The provider is over capacity (not your limit)." in text
+    assert text.count("⏳ RATE LIMIT detected") == 1  # the second attempt was a throttle
+    assert text.index("OVERLOADED") < text.index("RATE LIMIT")

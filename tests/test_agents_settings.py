@@ -38,14 +38,17 @@ def test_defaults() -> None:
         ({"RATELOOP_MAX_RETRIES": ""}, "max_retries", 5),
         ({"RATELOOP_MAX_RETRIES": "2.5"}, "max_retries", 5),
         ({"RATELOOP_MAX_RETRIES": " 3 "}, "max_retries", 3),
-        ({"RATELOOP_MAX_RETRIES": "-4"}, "max_retries", 0),
-        ({"RATELOOP_MAX_RETRIES": "1e9"}, "max_retries", 100),
+        ({"RATELOOP_MAX_RETRIES": "-4"}, "max_retries", 5),
+        ({"RATELOOP_MAX_RETRIES": "1e9"}, "max_retries", 5),
         ({"RATELOOP_BASE_DELAY_SECS": ""}, "base_delay_secs", 60.0),
         ({"RATELOOP_BASE_DELAY_SECS": "nan"}, "base_delay_secs", 60.0),
         ({"RATELOOP_BASE_DELAY_SECS": "inf"}, "base_delay_secs", 60.0),
         ({"RATELOOP_BASE_DELAY_SECS": "0"}, "base_delay_secs", 0.0),
         ({"RATELOOP_BASE_DELAY_SECS": "2.5"}, "base_delay_secs", 2.5),
-        ({"RATELOOP_BASE_DELAY_SECS": "-1"}, "base_delay_secs", 0.0),
+        ({"RATELOOP_BASE_DELAY_SECS": "-1"}, "base_delay_secs", 60.0),
+        ({"RATELOOP_BASE_DELAY_SECS": "1_000"}, "base_delay_secs", 60.0),
+        ({"RATELOOP_BASE_DELAY_SECS": "\u0661\u0662"}, "base_delay_secs", 60.0),
+        ({"RATELOOP_MAX_DELAY_SECS": "-600"}, "max_delay_secs", 600.0),
         ({"RATELOOP_BASE_DELAY_SECS": "1e-311"}, "base_delay_secs", 0.0),
         ({"RATELOOP_BASE_DELAY_SECS": "0.0004"}, "base_delay_secs", 0.0),
         ({"RATELOOP_BASE_DELAY_SECS": "1.2345"}, "base_delay_secs", 1.234),
@@ -53,6 +56,8 @@ def test_defaults() -> None:
         ({"RATELOOP_MAX_STEP_OUTPUT_BYTES": "1024"}, "max_step_output_bytes", 1024),
         ({"RATELOOP_MAX_STEP_OUTPUT_BYTES": "0"}, "max_step_output_bytes", 10_000_000),
         ({"RATELOOP_MAX_STEP_OUTPUT_BYTES": "lots"}, "max_step_output_bytes", 10_000_000),
+        ({"RATELOOP_MAX_STEP_OUTPUT_BYTES": "1024.0"}, "max_step_output_bytes", 10_000_000),
+        ({"RATELOOP_MAX_STEP_OUTPUT_BYTES": "-5"}, "max_step_output_bytes", 10_000_000),
         ({"RATELOOP_FALLBACK_AUTO_MODEL": "1"}, "fallback_auto_model", True),
         ({"RATELOOP_FALLBACK_AUTO_MODEL": "yes please"}, "fallback_auto_model", True),
         ({"RATELOOP_FALLBACK_AUTO_MODEL": ""}, "fallback_auto_model", False),
@@ -188,3 +193,68 @@ def test_a_bad_policy_file_is_a_config_error_naming_the_key(tmp_path: Path) -> N
     bad.write_text('[agents]\nmax_retries = "many"\n')
     with pytest.raises(ConfigError, match=r"agents\.max_retries"):
         layer_from_policy(bad)
+
+
+# What Rust's ``v.trim().parse::<u32>()`` (amplihack's contract) makes of each value,
+# then the clamp to 100.  None: rejected, so the default 5 applies.
+U32_CASES = [
+    ("0", 0),
+    ("3", 3),
+    ("+5", 5),
+    ("007", 7),
+    (" 3 ", 3),
+    ("\t4\n", 4),
+    ("\u30002\u3000", 2),  # ideographic space is White_Space: trimmed
+    ("100", 100),
+    ("101", 100),
+    ("4294967295", 100),  # u32::MAX: accepted, then clamped
+    ("4294967296", None),  # overflow
+    ("99999999999999999999", None),
+    ("-1", None),
+    ("-0", None),
+    ("+", None),
+    ("++5", None),
+    ("+-5", None),
+    ("", None),
+    ("   ", None),
+    ("2.5", None),
+    ("3.0", None),
+    ("1e3", None),
+    ("0x10", None),
+    ("1_000", None),
+    ("1 000", None),
+    ("\u0663", None),  # ARABIC-INDIC DIGIT THREE: not an ASCII digit
+    ("\u00b2", None),  # SUPERSCRIPT TWO
+    ("\x1c3", None),  # str.isspace() says space, Rust's trim does not
+    ("abc", None),
+    ("5abc", None),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), U32_CASES)
+def test_max_retries_parse_is_rusts_u32_parse(raw: str, expected: int | None) -> None:
+    want = 5 if expected is None else expected
+    assert AgentSettings.from_env({"RATELOOP_MAX_RETRIES": raw}).max_retries == want
+    # The amplihack alias reads the same way.
+    assert AgentSettings.from_env({"AMPLIHACK_RATELIMIT_MAX_RETRIES": raw}).max_retries == want
+
+
+def _rust_u32(raw: str) -> int | None:
+    """An independent model of ``raw.trim().parse::<u32>().ok()`` for the property below."""
+    text = raw
+    while text and (text[0].isspace() and text[0] not in "\x1c\x1d\x1e\x1f"):
+        text = text[1:]
+    while text and (text[-1].isspace() and text[-1] not in "\x1c\x1d\x1e\x1f"):
+        text = text[:-1]
+    digits = text[1:] if text[:1] == "+" else text
+    if not digits or any(c not in "0123456789" for c in digits):
+        return None
+    value = int(digits)
+    return value if value < 2**32 else None
+
+
+@given(st.one_of(st.text(max_size=12), st.integers(-(2**40), 2**40).map(str)))
+def test_max_retries_matches_the_u32_model(raw: str) -> None:
+    parsed = _rust_u32(raw)
+    want = 5 if parsed is None else min(parsed, 100)
+    assert AgentSettings.from_env({"RATELOOP_MAX_RETRIES": raw}).max_retries == want

@@ -12,7 +12,9 @@ Environment:
   ``stdout``, ``stderr`` (text to print), ``exit`` (code, default 0),
   ``sleep`` (seconds, after printing), ``grandchild`` (spawn a grandchild
   that ignores SIGTERM and sleeps; its pid is written to ``FAKE_AGENT_PIDS``),
-  ``ignore_term`` (this process ignores SIGTERM too), ``message`` (codex:
+  ``ignore_term`` (this process ignores SIGTERM too), ``trap_term`` (this
+  process survives SIGTERM but appends ``TERM`` to ``FAKE_AGENT_SIGNALS``),
+  ``record_pid`` (write this process's own pid to ``FAKE_AGENT_PIDS`` first), ``message`` (codex:
   text for the ``--output-last-message`` file) or ``message_bytes`` (codex:
   that many bytes of ``x``), ``message_raw_hex`` (codex: raw bytes, hex),
   ``echo_stdin`` (copy stdin to stdout), ``wait_for_file`` (after printing,
@@ -51,6 +53,11 @@ def _option(argv: list[str], flag: str) -> str | None:
     return None
 
 
+def _log_term(signum: int, frame: object) -> None:
+    with open(os.environ["FAKE_AGENT_SIGNALS"], "a", encoding="utf-8") as f:
+        f.write("TERM\n")
+
+
 def main() -> int:
     count = _bump(os.environ["FAKE_AGENT_COUNTER"])
     with open(os.environ["FAKE_AGENT_SCRIPT"], encoding="utf-8") as f:
@@ -61,8 +68,13 @@ def main() -> int:
         with open(calls, "a", encoding="utf-8") as f:
             f.write(json.dumps(sys.argv[1:]) + "\n")
 
+    if step.get("record_pid"):
+        with open(os.environ["FAKE_AGENT_PIDS"], "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
     if step.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if step.get("trap_term"):
+        signal.signal(signal.SIGTERM, _log_term)
     if step.get("grandchild"):
         code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
         child = subprocess.Popen([sys.executable, "-c", code])

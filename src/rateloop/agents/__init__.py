@@ -9,18 +9,23 @@ provider rate limited it, with announced, bounded, exponential waits.  See
 from __future__ import annotations
 
 from rateloop.agents.command import Agent, infer_agent, step_label
+from rateloop.agents.excerpt import OutputExcerpt
 from rateloop.agents.runner import exit_code_for, run_step
 from rateloop.agents.settings import AgentSettings, SettingsLayer, resolve_settings
+from rateloop.agents.signals import StepInterrupted, stop_on_signals
 from rateloop.agents.step import StepFailure
 
 __all__ = [
     "Agent",
     "AgentSettings",
+    "OutputExcerpt",
     "SettingsLayer",
     "StepFailure",
+    "StepInterrupted",
     "exit_code_for",
     "infer_agent",
     "resolve_settings",
     "run_step",
     "step_label",
+    "stop_on_signals",
 ]

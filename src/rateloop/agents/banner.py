@@ -17,13 +17,20 @@ from datetime import datetime
 from typing import TextIO
 
 from rateloop._clock import Clock
+from rateloop.signal import Kind
 
 __all__ = [
     "RULE",
+    "WAIT_CHUNK_SECS",
+    "clock_duration",
     "exhausted_message",
     "format_seconds",
+    "human_duration",
+    "is_terminal",
     "period_quota_message",
     "rate_limit_banner",
+    "reset_banner",
+    "wait_until",
     "wait_visibly",
 ]
 
@@ -38,9 +45,19 @@ def format_seconds(seconds: float) -> str:
 
 
 def rate_limit_banner(
-    *, signal: str, wait: float, retry: int, max_retries: int, attempt: int, total: int
+    *,
+    signal: str,
+    wait: float,
+    retry: int,
+    max_retries: int,
+    attempt: int,
+    total: int,
+    kind: Kind = Kind.TEMPORARY,
 ) -> str:
     """The banner printed before every wait (``retry`` counts from 1, ``attempt`` is the next run).
+
+    Its headline names what was detected: ``RATE LIMIT`` for a throttle,
+    ``OVERLOADED`` for an overloaded provider (529, ``overloaded_error``).
 
     >>> print(rate_limit_banner(signal="hit your rate limit", wait=60, retry=1,
     ...                         max_retries=5, attempt=2, total=6))  # doctest: +ELLIPSIS
@@ -50,11 +67,17 @@ def rate_limit_banner(
        Waiting 60s before retry 1/5 (attempt 2 of 6) ...
     ====...
     """
+    if kind is Kind.OVERLOAD:
+        headline = f'⏳ OVERLOADED detected (signal: "{signal}")'
+        why = "   The provider is over capacity (not your limit). This is transient — backing off."
+    else:
+        headline = f'⏳ RATE LIMIT detected (signal: "{signal}")'
+        why = "   Agent step throttled by the provider. This is transient — backing off."
     return "\n".join(
         (
             RULE,
-            f'⏳ RATE LIMIT detected (signal: "{signal}")',
-            "   Agent step throttled by the provider. This is transient — backing off.",
+            headline,
+            why,
             f"   Waiting {format_seconds(wait)}s before retry {retry}/{max_retries}"
             f" (attempt {attempt} of {total}) ...",
             RULE,
@@ -62,11 +85,16 @@ def rate_limit_banner(
     )
 
 
-def exhausted_message(label: str, retries: int) -> str:
-    """The error printed when the rate limit outlasted every retry (exit 75)."""
+def exhausted_message(label: str, retries: int, *, attempts: int | None = None) -> str:
+    """The error printed when the rate limit outlasted every retry (exit 75).
+
+    ``attempts`` is ``retries + 1`` unless the step also ran once after a
+    usage limit's reset (``--wait-for-reset``).
+    """
+    total = retries + 1 if attempts is None else attempts
     return (
         f"Error: {label} rate limit persisted after {retries} retries"
-        f" ({retries + 1} attempts total).\n"
+        f" ({total} attempts total).\n"
         "The provider kept throttling this step. Increase RATELOOP_MAX_RETRIES\n"
         "or RATELOOP_BASE_DELAY_SECS, or retry later."
     )
@@ -82,11 +110,16 @@ def period_quota_message(
     left = max(0.0, (reset_at - now).total_seconds())
     return (
         f"{head}\nThe limit resets at {reset_at.isoformat(timespec='seconds')}"
-        f" (in {_human_duration(left)}); retry after that."
+        f" (in {human_duration(left)}); retry after that."
     )
 
 
-def _human_duration(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
+    """A wait rounded up to the minute: ``3h 0m``, ``1d 2h``, ``5m``.
+
+    >>> human_duration(3 * 3600), human_duration(61), human_duration(90000)
+    ('3h 0m', '2m', '1d 1h')
+    """
     minutes = math.ceil(seconds / 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
@@ -97,7 +130,8 @@ def _human_duration(seconds: float) -> str:
     return f"{minutes}m"
 
 
-def _is_terminal(stream: TextIO) -> bool:
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (False for closed or exotic streams)."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # closed or exotic streams
@@ -112,7 +146,7 @@ def wait_visibly(clock: Clock, seconds: float, stream: TextIO) -> None:
     """
     if seconds <= 0:
         return
-    if not _is_terminal(stream):
+    if not is_terminal(stream):
         clock.sleep(seconds)
         return
     remaining = seconds
@@ -127,3 +161,76 @@ def wait_visibly(clock: Clock, seconds: float, stream: TextIO) -> None:
         remaining -= step
     stream.write("\r" + " " * width + "\r")
     stream.flush()
+
+
+def reset_banner(
+    *, label: str, signal: str, reset_at: datetime, now: datetime, limit: float
+) -> str:
+    """The banner printed before waiting for a usage limit's reset (``--wait-for-reset``).
+
+    >>> from datetime import UTC
+    >>> print(reset_banner(label="claude", signal="usage limit reached", limit=6 * 3600,
+    ...                    reset_at=datetime(2026, 1, 1, 15, tzinfo=UTC),
+    ...                    now=datetime(2026, 1, 1, 12, tzinfo=UTC)))  # doctest: +ELLIPSIS
+    ====...
+    ⏳ USAGE LIMIT reached (signal: "usage limit reached")
+       The limit resets at 2026-01-01T15:00:00+00:00 (in 3h 0m).
+       Waiting for the reset (--wait-for-reset, up to 6h 0m), then running claude once more ...
+    ====...
+    """
+    left = max(0.0, (reset_at - now).total_seconds())
+    return "\n".join(
+        (
+            RULE,
+            f'⏳ USAGE LIMIT reached (signal: "{signal}")',
+            f"   The limit resets at {reset_at.isoformat(timespec='seconds')}"
+            f" (in {human_duration(left)}).",
+            f"   Waiting for the reset (--wait-for-reset, up to {human_duration(limit)}),"
+            f" then running {label} once more ...",
+            RULE,
+        )
+    )
+
+
+def clock_duration(seconds: float) -> str:
+    """A countdown's remaining time, rounded up to the second: ``2h 05m 09s``, ``4m 02s``, ``7s``.
+
+    >>> clock_duration(7525.2), clock_duration(242), clock_duration(0.4)
+    ('2h 05m 26s', '4m 02s', '1s')
+    """
+    total = math.ceil(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+#: Off a terminal, a long wait is slept in chunks of this many seconds so that the wall
+#: clock is checked again (a laptop that slept through the reset time wakes up and runs).
+WAIT_CHUNK_SECS = 60.0
+
+
+def wait_until(clock: Clock, until: datetime, stream: TextIO) -> None:
+    """Sleep on ``clock`` until its wall time reaches ``until``; a countdown on a terminal.
+
+    The remaining time is recomputed from ``clock.now()`` before every sleep,
+    so a suspended machine does not oversleep the reset by the time it was
+    suspended.  Off a terminal nothing is printed (the banner said it all).
+    """
+    tty = is_terminal(stream)
+    step = 1.0 if tty else WAIT_CHUNK_SECS
+    width = 0
+    # Under a millisecond left is "there": float rounding must not add a 1 µs sleep.
+    while (left := (until - clock.now()).total_seconds()) > 0.001:
+        if tty:
+            line = f"\r   running again in {clock_duration(left)} ..."
+            width = max(width, len(line))
+            stream.write(line.ljust(width))
+            stream.flush()
+        clock.sleep(min(step, left))
+    if tty and width:
+        stream.write("\r" + " " * width + "\r")
+        stream.flush()

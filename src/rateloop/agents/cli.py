@@ -12,18 +12,21 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperOption
 
-from rateloop.agents.command import Agent
+from rateloop.agents.command import Agent, step_label
 from rateloop.agents.runner import exit_code_for, run_step
 from rateloop.agents.settings import (
     SettingsLayer,
     layer_from_env,
     layer_from_policy,
+    parse_wait_limit,
     resolve_settings,
 )
+from rateloop.agents.signals import StepInterrupted, stop_on_signals
 from rateloop.errors import ConfigError
 
 __all__ = ["EXIT_USAGE", "register"]
@@ -39,16 +42,75 @@ Put the command after `--`:
 
 Only a failed run whose output carries a rate-limit signal is retried, after
 min(base·2^(n−1), max) seconds; every other failure stops at once with the
-child's exit code.  Exit codes: 0 success, the child's code for other
-failures, 75 when the rate limit outlasted the retries or a usage quota is
-spent until a later reset, 124 on timeout, 65 when the result is unusable.
+child's exit code.  A usage limit (a quota spent until a later reset) is not
+retried, unless --wait-for-reset[=MAX] is given and the reset is at most MAX
+away: then the command waits for it and runs once more.
+
+Exit codes: 0 success, the child's code for other failures, 75 when the rate
+limit outlasted the retries or a usage quota is spent until a later reset,
+124 on timeout, 65 when the result is unusable, 128+N when rateloop run
+itself receives signal N (SIGINT 130, SIGTERM 143, SIGHUP 129; the agent's
+whole process group is ended first).
 """
+
+
+#: ``--wait-for-reset`` given without a value.
+WAIT_FOR_RESET_DEFAULT = "6h"
+_WAIT_FLAG = "--wait-for-reset"
+
+
+class _RunCommand(TyperCommand):
+    """``rateloop run``, with ``--wait-for-reset`` taking an optional value.
+
+    The parser needs every option to either always or never take a value, so
+    before parsing a bare ``--wait-for-reset`` is rewritten: to
+    ``--wait-for-reset=MAX`` when the next word reads as a wait limit
+    (``--wait-for-reset 2h``), else to ``--wait-for-reset=6h`` (so
+    ``--wait-for-reset claude -p ...`` runs claude).  Only ``rateloop run``'s
+    own options are looked at: the walk stops at ``--`` or at the command.
+    """
+
+    # ``ctx`` is the click Context (typer >= 0.16 vendors click privately, so no one name fits).
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._with_wait_value(args))
+
+    def _with_wait_value(self, args: list[str]) -> list[str]:
+        takes_value = {
+            name
+            for param in self.params
+            if isinstance(param, TyperOption) and not param.is_flag
+            for name in param.opts
+        }
+        out = list(args)
+        i = 0
+        while i < len(out):
+            word = out[i]
+            if word == "--" or not word.startswith("-"):
+                break  # the agent command starts here
+            if word == _WAIT_FLAG:
+                value = WAIT_FOR_RESET_DEFAULT
+                if i + 1 < len(out) and _is_wait_limit(out[i + 1]):
+                    value = out.pop(i + 1)
+                out[i] = f"{_WAIT_FLAG}={value}"
+            elif word in takes_value:
+                i += 1  # skip the option's value
+            i += 1
+        return out
+
+
+def _is_wait_limit(word: str) -> bool:
+    try:
+        parse_wait_limit(word)
+    except ValueError:
+        return False
+    return True
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``run`` command to the ``rateloop`` app."""
     app.command(
         "run",
+        cls=_RunCommand,
         help=_HELP,
         no_args_is_help=True,
         context_settings={"allow_interspersed_args": False},
@@ -112,6 +174,24 @@ def run_command(
             help="Run the last retry on `--model auto` (claude and copilot only).",
         ),
     ] = None,
+    wait_for_reset: Annotated[
+        str | None,
+        typer.Option(
+            "--wait-for-reset",
+            metavar="[=MAX]",
+            help="On a usage limit whose reset is known and at most MAX away (default 6h;"
+            " 90m, 6h, 3600, ...), wait for it with a countdown, then run once more.",
+        ),
+    ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            metavar="URL",
+            help="On a usage limit, park the step in this task store (sqlite:///path,"
+            " postgresql://...) for `rateloop worker` to run at the reset, instead of exit 75.",
+        ),
+    ] = None,
     stdin: Annotated[
         bool,
         typer.Option(
@@ -131,6 +211,19 @@ def run_command(
             )
     if timeout is not None and timeout == 0:
         raise typer.BadParameter("must be > 0 seconds, got 0", param_hint="--timeout")
+    if queue is not None:
+        from rateloop.tasks.store import check_store_url
+
+        try:
+            check_store_url(queue)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--queue") from None
+    reset_limit = None
+    if wait_for_reset is not None:
+        try:
+            reset_limit = parse_wait_limit(wait_for_reset)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--wait-for-reset") from None
     try:
         policy_layer = layer_from_policy(policy) if policy is not None else None
     except (ConfigError, OSError) as exc:
@@ -146,15 +239,35 @@ def run_command(
         env=layer_from_env(os.environ),
         policy=policy_layer,
     )
-    outcome = run_step(
-        command,
-        agent=agent,
-        model=model,
-        timeout=timeout,
-        label=label,
-        settings=settings,
-        input=sys.stdin.buffer.read() if stdin else None,
-    )
+    try:
+        with stop_on_signals():
+            outcome = run_step(
+                command,
+                agent=agent,
+                model=model,
+                timeout=timeout,
+                label=label,
+                settings=settings,
+                input=sys.stdin.buffer.read() if stdin else None,
+                wait_for_reset=reset_limit,
+            )
+    except StepInterrupted as stop:
+        # run_attempt has already ended the agent's process group.
+        name = label or (step_label(command) if command and command[0] else "the step")
+        typer.echo(
+            f"Error: {name} stopped: rateloop run received {stop.name};"
+            " the agent's process group was ended.",
+            err=True,
+        )
+        raise typer.Exit(stop.exit_code) from None
+    if queue is not None and outcome.status.value.startswith("waiting_for_"):
+        from rateloop.agents.step import RESET_MARGIN_SECS
+        from rateloop.tasks.agent_steps import park_from_cli
+
+        raise typer.Exit(park_from_cli(
+            queue, command, outcome, margin_secs=RESET_MARGIN_SECS, agent=agent,
+            model=model, timeout=timeout, label=label,
+        ))
     if outcome.ok and isinstance(outcome.value, str):
         sys.stdout.write(outcome.value)
         sys.stdout.flush()

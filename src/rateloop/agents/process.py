@@ -11,7 +11,10 @@ the last :data:`STDERR_TAIL_BYTES` for classification.
 When an attempt outlives its timeout the whole group gets SIGTERM, then,
 after a grace period, SIGKILL (which also reaches grandchildren that ignore
 SIGTERM).  Ctrl-C or any other exception while waiting does the same, so
-no agent is left running behind us.
+no agent is left running behind us; a second interrupt during the grace
+period (an impatient second Ctrl-C, ``docker stop`` escalating) skips the
+rest of the grace and goes straight to SIGKILL.  ``rateloop run`` turns
+SIGTERM and SIGHUP into such an exception too (:mod:`rateloop.agents.signals`).
 
 Timeouts here are real wall-clock time by nature (a child process does not
 run on a fake clock); they are measured by :mod:`subprocess` itself.
@@ -115,13 +118,20 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM the child's process group, then SIGKILL it after ``grace`` seconds."""
     _signal_group(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    interrupted: BaseException | None = None
+    try:
         proc.wait(timeout=max(grace, 0.0))
+    except subprocess.TimeoutExpired:
+        pass
+    except BaseException as exc:  # a second Ctrl-C / SIGTERM: skip the grace, kill now
+        interrupted = exc
     # Also when the child itself is gone: a grandchild may have ignored SIGTERM.
     # The group id cannot be reused while any member of the group is alive.
     _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
     _await_group_gone(proc.pid, limit=2.0)
+    if interrupted is not None:
+        raise interrupted
 
 
 def _await_group_gone(pgid: int, *, limit: float) -> None:
@@ -191,7 +201,10 @@ def run_attempt(
         timed_out = True
         _kill_group(proc, kill_grace)
     except BaseException:
-        _kill_group(proc, kill_grace)
+        try:
+            _kill_group(proc, kill_grace)
+        finally:
+            tee.finish(_DRAIN_SECS)  # the group is gone: its end of the pipe is closed
         raise
     tail = tee.finish(_DRAIN_SECS)
     return ProcessResult(returncode=proc.returncode, timed_out=timed_out, stderr_tail=tail)

@@ -12,6 +12,7 @@ or print the final message and return the :class:`~rateloop.outcome.Outcome`.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -20,7 +21,13 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from rateloop._clock import Clock, system_clock
-from rateloop.agents.banner import rate_limit_banner, wait_visibly
+from rateloop.agents.banner import (
+    is_terminal,
+    rate_limit_banner,
+    reset_banner,
+    wait_until,
+    wait_visibly,
+)
 from rateloop.agents.command import (
     AUTO_MODEL,
     CODEX_OUTPUT_FLAG,
@@ -33,7 +40,15 @@ from rateloop.agents.command import (
 )
 from rateloop.agents.process import run_attempt
 from rateloop.agents.settings import AgentSettings
-from rateloop.agents.step import AttemptPlan, AttemptReport, Finish, Retry, StepFailure, StepLoop
+from rateloop.agents.step import (
+    AttemptPlan,
+    AttemptReport,
+    Finish,
+    Retry,
+    StepFailure,
+    StepLoop,
+    WaitForReset,
+)
 from rateloop.classify import classify_text
 from rateloop.events import CapacityEvent, DecisionKind, EventSink, signal_fields
 from rateloop.outcome import AttemptLedger, Outcome
@@ -61,6 +76,7 @@ def run_step(
     input: bytes | None = None,
     kill_grace: float = 5.0,
     sinks: Sequence[EventSink] = (),
+    wait_for_reset: float | None = None,
 ) -> Outcome:
     """Run ``command`` (an agent CLI step) with rate-limit-safe retries.
 
@@ -80,12 +96,21 @@ def run_step(
     after a retry) is a :class:`~rateloop.events.CapacityEvent`, sent to
     ``sinks`` and kept in ``Outcome.events``; events name the step by its
     label and never carry the command's arguments (the prompt).
+
+    ``wait_for_reset`` (seconds, None: off) lets a usage limit whose reset
+    time is known and at most that far away be waited out on ``clock`` (with
+    a countdown on a terminal); the step then runs once more.  Without it a
+    usage limit ends the step at once (``waiting_for_reset``, exit 75).
     """
     command = list(command)
     if not command or not command[0]:
         raise ValueError("run_step needs a command to run, got an empty command")
     if timeout is not None and not (timeout > 0):
         raise ValueError(f"timeout must be a number of seconds > 0, or None; got {timeout!r}")
+    if wait_for_reset is not None and not (0 < wait_for_reset < math.inf):
+        raise ValueError(
+            f"wait_for_reset must be a number of seconds > 0, or None; got {wait_for_reset!r}"
+        )
     agent = _agent(agent) if agent is not None else infer_agent(command)
     settings = settings if settings is not None else AgentSettings.from_env(os.environ)
     clock = clock if clock is not None else system_clock
@@ -95,6 +120,7 @@ def run_step(
         agent=agent,
         label=label or step_label(command),
         model=model,
+        wait_for_reset=wait_for_reset,
     )
     user_codex_path: str | None = None
     if agent is Agent.CODEX:
@@ -136,11 +162,34 @@ def run_step(
                         wait=decision.wait,
                         retry=decision.retry,
                         max_retries=settings.max_retries,
-                        attempt=decision.retry + 1,
-                        total=settings.max_executions,
+                        attempt=plan.number + 1,
+                        total=plan.total,
+                        kind=decision.signal.kind,
                     ),
                 )
                 wait_visibly(clock, decision.wait, stream)
+                number += 1
+                continue
+            if isinstance(decision, WaitForReset):
+                events.emit(
+                    DecisionKind.WAIT,
+                    plan,
+                    signal=signal,
+                    wait=decision.wait,
+                    reason="waiting for the usage limit to reset at "
+                    + decision.reset_at.isoformat(timespec="seconds"),
+                )
+                _say(
+                    stream,
+                    reset_banner(
+                        label=loop.label,
+                        signal=decision.signal.matched or decision.signal.kind.value,
+                        reset_at=decision.reset_at,
+                        now=clock.now(),
+                        limit=decision.limit,
+                    ),
+                )
+                wait_until(clock, decision.until, stream)
                 number += 1
                 continue
             if user_codex_path and isinstance(decision.value, str):
@@ -230,6 +279,8 @@ def _attempt(
                 result, error = _read_codex_message(Path(codex_path), limit)
             else:
                 result, error = _read_stdout(out, limit)
+    stdout_text = stdout_tail.decode("utf-8", "replace")
+    stderr_text = proc.stderr_tail.decode("utf-8", "replace")
     report = AttemptReport(
         exit_code=proc.returncode,
         timed_out=proc.timed_out,
@@ -237,11 +288,10 @@ def _attempt(
         result=result,
         result_error=error,
         start_error=proc.start_error,
+        stdout_tail=stdout_text,
+        stderr_tail=stderr_text,
     )
-    text = (
-        stdout_tail.decode("utf-8", "replace") + "\n" + proc.stderr_tail.decode("utf-8", "replace")
-    )
-    return report, text
+    return report, stdout_text + "\n" + stderr_text
 
 
 @contextlib.contextmanager
@@ -315,6 +365,11 @@ def _say(stream: TextIO, text: str) -> None:
         pass  # our stderr is gone; the Outcome still says everything
 
 
+def _colors(stream: TextIO) -> bool:
+    """Dim text only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return is_terminal(stream) and not os.environ.get("NO_COLOR")
+
+
 def _route(agent: Agent, model: str | None) -> Route | None:
     # A model name Route cannot hold (e.g. with ':') just leaves the outcome without a route.
     try:
@@ -373,6 +428,8 @@ def _finish(
     if decision.note:
         _say(stream, decision.note)
     if isinstance(decision.value, StepFailure):
+        if decision.value.excerpt is not None:
+            _say(stream, decision.value.excerpt.render(loop.label, color=_colors(stream)))
         _say(stream, decision.value.message)
     return Outcome(
         status=decision.status,

@@ -13,12 +13,23 @@ Environment parsing is lenient on purpose: these variables are set by CI
 systems and recipe runners the step cannot control, and a typo there must
 not crash a long agent run.  An unset, empty or unparseable value is treated
 as unset (so the layer below, usually the default, applies).
+
+The parse follows amplihack's published contract (``v.trim().parse::<u32>()``
+for the retry count, ``parse::<u64>()`` for the delays) so that the same
+``AMPLIHACK_RATELIMIT_*`` value means the same thing here: the retry count is
+an unsigned 32-bit decimal (optional ``+``, ASCII digits, at most
+4294967295, surrounding whitespace ignored), and ``-1``, ``2.5``, ``1e3``,
+``0x10`` or ``4294967296`` are rejected, so the default applies; it is then
+clamped to ``MAX_RETRIES_LIMIT``.  Delays accept what the contract accepts
+plus fractions (``2.5``); a negative, NaN or infinite delay is rejected too
+(the default, not "no waits").
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TypeVar
@@ -31,13 +42,16 @@ __all__ = [
     "DEFAULT_MAX_DELAY_SECS",
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_MAX_STEP_OUTPUT_BYTES",
+    "DEFAULT_WAIT_FOR_RESET",
     "ENV_ALIASES",
     "ENV_KEYS",
     "MAX_RETRIES_LIMIT",
+    "MAX_WAIT_FOR_RESET",
     "AgentSettings",
     "SettingsLayer",
     "layer_from_env",
     "layer_from_policy",
+    "parse_wait_limit",
     "resolve_settings",
 ]
 
@@ -46,6 +60,13 @@ DEFAULT_BASE_DELAY_SECS = 60.0
 DEFAULT_MAX_DELAY_SECS = 600.0
 DEFAULT_MAX_STEP_OUTPUT_BYTES = 10_000_000
 _T = TypeVar("_T")
+
+#: ``--wait-for-reset`` without a value: wait for a reset up to 6 hours away.
+DEFAULT_WAIT_FOR_RESET = 6 * 3600.0
+#: The longest ``--wait-for-reset`` accepted: a week (the longest agent usage window).
+MAX_WAIT_FOR_RESET = 7 * 86_400.0
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_WAIT_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 #: ``max_retries`` above this is clamped: a step is never run more than 101 times.
 MAX_RETRIES_LIMIT = 100
@@ -171,11 +192,11 @@ def layer_from_env(environ: Mapping[str, str]) -> SettingsLayer:
         return None
 
     return SettingsLayer(
-        max_retries=lookup("max_retries", _parse_int),
+        max_retries=lookup("max_retries", _parse_u32),
         base_delay_secs=lookup("base_delay_secs", _parse_secs),
         max_delay_secs=lookup("max_delay_secs", _parse_secs),
         fallback_auto_model=lookup("fallback_auto_model", _parse_switch),
-        max_step_output_bytes=lookup("max_step_output_bytes", _parse_int),
+        max_step_output_bytes=lookup("max_step_output_bytes", _parse_u64),
     )
 
 
@@ -199,26 +220,57 @@ def layer_from_policy(path: str | os.PathLike[str]) -> SettingsLayer:
 # -- lenient parsers ---------------------------------------------------------------------------
 
 
-def _parse_int(raw: str | None) -> int | None:
-    """A whole number, or None.  ``"7"``, ``" 7 "`` and ``"7.0"`` are 7; ``"abc"`` is None."""
-    value = _parse_secs(raw)
-    if value is None or value != math.floor(value):
+# Rust's str::trim strips the Unicode White_Space characters, which are not quite
+# Python's str.isspace (that also counts U+001C..U+001F).
+_RUST_WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+
+
+def _parse_unsigned(raw: str | None, limit: int) -> int | None:
+    """What Rust's ``raw.trim().parse::<uN>()`` accepts, or None.
+
+    An optional ``+``, then ASCII digits only (no ``-``, no ``_``, no other
+    scripts' digits, no fraction or exponent), at most ``limit``.
+
+    >>> [_parse_u32(v) for v in ("7", " +7 ", "-1", "2.5", "4294967295", "4294967296", "")]
+    [7, 7, None, None, 4294967295, None, None]
+    """
+    if raw is None:
         return None
-    return int(value)
+    text = raw.strip(_RUST_WHITESPACE)
+    if text.startswith("+"):
+        text = text[1:]
+    if not text or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= limit else None
+
+
+def _parse_u32(raw: str | None) -> int | None:
+    return _parse_unsigned(raw, _U32_MAX)
+
+
+def _parse_u64(raw: str | None) -> int | None:
+    return _parse_unsigned(raw, _U64_MAX)
 
 
 def _parse_secs(raw: str | None) -> float | None:
-    """A finite number, or None (unset, empty, garbage, NaN and infinities are None)."""
+    """A finite number of seconds >= 0, or None (unset, empty, garbage, negative, NaN, inf)."""
     if raw is None:
         return None
-    text = raw.strip()
-    if not text:
+    text = raw.strip(_RUST_WHITESPACE)
+    # float() would also take "1_000" and other scripts' digits; a delay is plain ASCII.
+    if not text or not text.isascii() or "_" in text:
         return None
     try:
         value = float(text)
     except ValueError:
         return None
-    if not math.isfinite(value):
+    if not math.isfinite(value) or value < 0:
         return None
     return value
 
@@ -239,3 +291,25 @@ def _delay(value: float, default: float) -> float:
     if math.isnan(value):
         return default
     return round(min(max(float(value), 0.0), MAX_WAIT_SECONDS), 3)
+
+
+def parse_wait_limit(text: str) -> float:
+    """``--wait-for-reset``'s MAX in seconds: ``3600``, ``90m``, ``6h``, ``1h30m``, ``1.5h``.
+
+    A bare number is seconds.  Raises :class:`ValueError` naming the value and
+    the accepted forms when it is malformed, not positive, or over a week.
+
+    >>> parse_wait_limit("90m"), parse_wait_limit("1h30m"), parse_wait_limit("3600")
+    (5400.0, 5400.0, 3600.0)
+    """
+    raw = text.strip().lower()
+    forms = "seconds (3600) or a duration like 90m, 6h, 1h30m, 2d"
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        seconds = float(raw)
+    elif re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd])+", raw):
+        seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _WAIT_PART.findall(raw))
+    else:
+        raise ValueError(f"{text!r} is not a wait limit: give {forms}")
+    if not 0 < seconds <= MAX_WAIT_FOR_RESET:
+        raise ValueError(f"{text!r} must be more than 0 and at most 7d (a week); give {forms}")
+    return seconds

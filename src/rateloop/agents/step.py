@@ -9,13 +9,19 @@ unusable) together with the :class:`~rateloop.signal.LimitSignal` classified
 from the output, and :meth:`StepLoop.decide` answers with a value:
 
 - :class:`Retry` — print the banner, wait ``wait`` seconds, run attempt ``n + 1``;
+- :class:`WaitForReset` — (``--wait-for-reset`` only) wait until a usage
+  limit's reset time, then run attempt ``n + 1``;
 - :class:`Finish` — the step is over: a :class:`~rateloop.outcome.Status`,
   the exit code for the command line and, for failures, the message to print.
 
 The rules, in order: a timeout ends the step (exit 124, never retried);
 exit 0 always succeeds (``degraded`` when it ran on the ``auto`` fallback),
 unless the result is unusable (exit 65); a period quota ends the step
-without a short retry (exit 75, ``waiting_for_reset``); a rate-limit signal
+without a short retry (exit 75, ``waiting_for_reset``) — unless
+``wait_for_reset`` is set, the reset time is known and within it, and the
+step has not waited for a reset yet: then it waits for the reset (plus
+:data:`RESET_MARGIN_SECS`) and runs once more, an extra execution that spends
+no retry; a rate-limit signal
 (:data:`RETRIED_KINDS`) is retried after ``min(base·2^(n−1), max)`` seconds
 until ``1 + max_retries`` executions are spent (then exit 75); every other
 failure ends the step at once with the child's exit code.
@@ -24,10 +30,16 @@ failure ends the step at once with the child's exit code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from rateloop.agents.banner import exhausted_message, format_seconds, period_quota_message
+from rateloop.agents.banner import (
+    exhausted_message,
+    format_seconds,
+    human_duration,
+    period_quota_message,
+)
 from rateloop.agents.command import AUTO_MODEL, Agent
+from rateloop.agents.excerpt import OutputExcerpt, excerpt_of
 from rateloop.agents.settings import AgentSettings
 from rateloop.outcome import Status
 from rateloop.signal import Kind, LimitSignal
@@ -44,6 +56,7 @@ __all__ = [
     "Retry",
     "StepFailure",
     "StepLoop",
+    "WaitForReset",
 ]
 
 #: sysexits EX_TEMPFAIL: try again later (rate limit outlasted the retries, or a period quota).
@@ -52,6 +65,10 @@ EXIT_TEMPFAIL = 75
 EXIT_TIMEOUT = 124
 #: sysexits EX_DATAERR: the agent exited 0 but its result cannot be used.
 EXIT_UNUSABLE_RESULT = 65
+
+#: Added to a usage limit's reset time before running again: reset times are often given
+#: to the minute ("resets 3:30am"), and the machine's clock may be behind the provider's.
+RESET_MARGIN_SECS = 60.0
 
 #: Signals a short retry can outlast: provider throttling and overload.
 RETRIED_KINDS: frozenset[Kind] = frozenset({Kind.TEMPORARY, Kind.OVERLOAD})
@@ -80,6 +97,8 @@ class AttemptReport:
     signal).  ``result`` is the attempt's result text when it exited 0 and
     the result was usable; ``result_error`` says why it was not.
     ``start_error`` is set when the command could not be started at all.
+    ``stdout_tail`` and ``stderr_tail`` are the ends of the attempt's own
+    output (decoded), shown when the step fails.
     """
 
     exit_code: int
@@ -88,6 +107,8 @@ class AttemptReport:
     result: str | None = None
     result_error: str | None = None
     start_error: str | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,18 +121,36 @@ class Retry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitForReset:
+    """Wait until ``until`` (the reset time plus a margin, about ``wait`` seconds), then run again.
+
+    ``limit`` is the ``--wait-for-reset`` bound the wait fell within.
+    """
+
+    until: datetime
+    wait: float
+    reset_at: datetime
+    limit: float
+    signal: LimitSignal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepFailure:
     """How a failed step ended; the ``value`` of a step :class:`~rateloop.outcome.Outcome`.
 
     ``exit_code`` is what ``rateloop run`` exits with; ``child_exit_code`` is
     the last attempt's own return code (None when it was killed on timeout
     or never started).  ``message`` is the error printed on stderr.
+    ``excerpt`` is the end of the failed attempt's own output (cleaned and
+    redacted), printed under a dim header before the message; None when the
+    attempt printed nothing, timed out or never started.
     """
 
     exit_code: int
     message: str
     child_exit_code: int | None = None
     timed_out: bool = False
+    excerpt: OutputExcerpt | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,15 +173,24 @@ def _signal_text(signal: LimitSignal) -> str:
 class StepLoop:
     """The retry rules of one CLI agent step, as a pure state machine (see the module doc)."""
 
-    __slots__ = ("_backoff", "agent", "label", "model", "settings")
+    __slots__ = ("_backoff", "_resumed_at", "agent", "label", "model", "settings", "wait_for_reset")
 
     def __init__(
-        self, *, settings: AgentSettings, agent: Agent, label: str, model: str | None = None
+        self,
+        *,
+        settings: AgentSettings,
+        agent: Agent,
+        label: str,
+        model: str | None = None,
+        wait_for_reset: float | None = None,
     ) -> None:
         self.settings = settings
         self.agent = agent
         self.label = label
         self.model = model
+        self.wait_for_reset = wait_for_reset
+        # The number of the attempt that runs after the reset wait (None: no wait yet).
+        self._resumed_at: int | None = None
         self._backoff = Backoff(
             strategy="exponential",
             initial=settings.base_delay_secs,
@@ -161,20 +209,23 @@ class StepLoop:
         The ``auto`` fallback replaces the model only on the last execution,
         only when that execution is a retry (a step allowed a single run keeps
         the model it asked for), and only for agents that accept ``auto``.
+        The run after a usage limit's reset is an extra execution, and keeps
+        the requested model.
         """
-        total = self.settings.max_executions
+        total = self.settings.max_executions + (self._resumed_at is not None)
         fallback = (
             self.settings.fallback_auto_model
             and self.agent.accepts_auto_model
             and number == total
             and number > 1
+            and number != self._resumed_at
         )
         model = AUTO_MODEL if fallback else self.model
         return AttemptPlan(number=number, total=total, model=model, fallback=fallback)
 
     def decide(
         self, plan: AttemptPlan, report: AttemptReport, signal: LimitSignal | None, *, now: datetime
-    ) -> Retry | Finish:
+    ) -> Retry | WaitForReset | Finish:
         """What to do after attempt ``plan.number`` ended as ``report`` (see the module doc)."""
         label = self.label
         if report.start_error is not None:
@@ -209,19 +260,29 @@ class StepLoop:
                 status=Status.COMPLETED, reason="completed", exit_code=0, value=report.result
             )
         if signal is not None and signal.kind is Kind.PERIOD_QUOTA:
+            wait = self._reset_wait(plan, signal, now)
+            if isinstance(wait, WaitForReset):
+                return wait
             message = period_quota_message(
                 label, signal=_signal_text(signal), reset_at=signal.reset_at, now=now
             )
+            if wait:
+                message += "\n" + wait
             return self._fail(
                 Status.WAITING_FOR_RESET, EXIT_TEMPFAIL, message, report, signal=signal
             )
         if signal is not None and signal.kind in RETRIED_KINDS:
             if plan.number >= plan.total:
-                message = exhausted_message(label, self.settings.max_retries)
+                message = exhausted_message(
+                    label, self.settings.max_retries, attempts=plan.total
+                )
                 return self._fail(
                     Status.FAILED_RETRY_EXHAUSTED, EXIT_TEMPFAIL, message, report, signal=signal
                 )
-            return Retry(wait=self.wait_before(plan.number), retry=plan.number, signal=signal)
+            # The run after a reset wait spent no retry.
+            resumed = self._resumed_at is not None and plan.number >= self._resumed_at
+            retry = plan.number - int(resumed)
+            return Retry(wait=self.wait_before(retry), retry=retry, signal=signal)
         code = _shell_exit_code(report.exit_code)
         message = f"Error: {label} failed (exit {code})"
         if report.exit_code < 0:
@@ -233,6 +294,33 @@ class StepLoop:
         )
         return self._fail(status, code, message, report, signal=signal)
 
+    def _reset_wait(
+        self, plan: AttemptPlan, signal: LimitSignal, now: datetime
+    ) -> WaitForReset | str:
+        """Wait for this usage limit's reset, or why not ("" when not asked to wait)."""
+        limit = self.wait_for_reset
+        if limit is None:
+            return ""
+        reset_at = signal.reset_at
+        if self._resumed_at is not None:
+            return "Still limited after waiting for the reset once; not waiting again."
+        if reset_at is None:
+            return "--wait-for-reset cannot wait: the provider did not say when the limit resets."
+        left = (reset_at - now).total_seconds()
+        if left > limit:
+            return (
+                f"That is beyond --wait-for-reset's {human_duration(limit)}; not waiting."
+            )
+        self._resumed_at = plan.number + 1
+        wait = max(0.0, left) + RESET_MARGIN_SECS
+        return WaitForReset(
+            until=max(reset_at, now) + timedelta(seconds=RESET_MARGIN_SECS),
+            wait=wait,
+            reset_at=reset_at,
+            limit=limit,
+            signal=signal,
+        )
+
     def _fail(
         self,
         status: Status,
@@ -243,11 +331,15 @@ class StepLoop:
         signal: LimitSignal | None = None,
     ) -> Finish:
         child = None if report.timed_out or report.start_error is not None else report.exit_code
+        excerpt = None
+        if child is not None and child != 0:
+            excerpt = excerpt_of(stderr=report.stderr_tail, stdout=report.stdout_tail)
         failure = StepFailure(
             exit_code=exit_code,
             message=message,
             child_exit_code=child,
             timed_out=report.timed_out,
+            excerpt=excerpt,
         )
         first_line = message.splitlines()[0].removeprefix("Error: ")
         return Finish(
@@ -260,9 +352,10 @@ class StepLoop:
         )
 
     def __repr__(self) -> str:
+        wait = "" if self.wait_for_reset is None else f", wait_for_reset={self.wait_for_reset:g}"
         return (
             f"StepLoop(agent={self.agent.value}, label={self.label!r}, model={self.model!r}, "
-            f"{self.settings!r})"
+            f"{self.settings!r}{wait})"
         )
 
 
