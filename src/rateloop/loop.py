@@ -18,14 +18,14 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, Unpack, cast
 
-from rateloop._args import CallOptions, CallSpec
+from rateloop._args import CallOptions, CallSpec, Priority
 from rateloop._effects import Admit, Call, Effect, LimiterCall, Raised, Returned, Sleep
 from rateloop._flow import _BaseRateLoop
 from rateloop.integrations.sdk import counting_requests
 from rateloop.outcome import Outcome
 from rateloop.route import Route
 
-__all__ = ["AsyncRateLoop", "CallOptions", "RateLoop"]
+__all__ = ["AsyncRateLoop", "CallOptions", "Priority", "RateLoop"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
