@@ -27,7 +27,6 @@ TIMEOUT_SECS = 60
 #: page is fixed, its entry must go, so the list never hides a page that runs).
 KNOWN_FAILING: dict[str, str] = {
     "docs/admission.md": "placeholder call_the_model() (owned by the admission page)",
-    "docs/agents.md": "runs the real `claude` CLI, absent here (owned by the agents page)",
 }
 
 # Runs in the child: execute every block of one page in one namespace.

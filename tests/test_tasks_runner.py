@@ -149,7 +149,7 @@ def test_a_rate_limited_step_parks_the_task_and_resumes_it_at_the_reset(
         "step": "draft", "operation": "model.generate", "scope": "openai:m",
         "cost": {"requests": 1, "input_tokens": 0, "output_tokens": 0}}
     summary = runtime_summary(parked)
-    assert summary["status"] == "waiting_for_capacity" and not summary["done"]
+    assert summary["status"] == parked.state.value and not summary["done"]
     assert summary["completed_steps"] == ["fetch"] and summary["remaining_steps"] == ["draft"]
     assert summary["retry_at"] == parked.next_attempt_at.isoformat()
     assert summary["user_message_policy"] == "explain the delay without claiming completion"
