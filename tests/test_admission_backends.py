@@ -24,6 +24,8 @@ from rateloop.errors import BackendError, ConfigError
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
 
+from _redis_server import redis_server
+
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
 LIMITS = {"openai:gpt-5": LimitSpec(requests_per_minute=10, concurrency=4)}
 NOWHERE = "redis://:s3cret@127.0.0.1:1/0"  # nothing listens on port 1
@@ -107,23 +109,26 @@ class CountingConnection(redis.Connection):
         super().send_command(*args, **kwargs)
 
 
+COUNTED_LIMITS = {
+    "openai:gpt-5": LimitSpec(requests_per_minute=10_000, tokens_per_minute=10**7),
+    "openai:gpt-5:proj-1": LimitSpec(
+        input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
+    ),
+}
+
+
 @pytest.fixture
 def counting_limiter(redis_url: str, redis_prefix: str) -> Iterator[Limiter]:
-    limits = {
-        "openai:gpt-5": LimitSpec(requests_per_minute=10_000, tokens_per_minute=10**7),
-        "openai:gpt-5:proj-1": LimitSpec(
-            input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
-        ),
-    }
     limiter = Limiter.from_url(
-        redis_url, prefix=redis_prefix, limits=limits, connection_class=CountingConnection
+        redis_url, prefix=redis_prefix, limits=COUNTED_LIMITS, connection_class=CountingConnection
     )
     yield limiter
     limiter.close()
 
 
 def test_redis_admission_is_exactly_one_evalsha(counting_limiter: Limiter) -> None:
-    counting_limiter.try_reserve(ROUTE, Cost())  # warm-up: the script may be loaded once
+    # Warm-up: each script may have to be loaded once into the server's cache.
+    counting_limiter.try_reserve(ROUTE, Cost()).settle(0, 0)  # type: ignore[union-attr]
     CountingConnection.sent.clear()
     held = [counting_limiter.try_reserve(ROUTE, Cost(input_tokens=10)) for _ in range(50)]
     assert CountingConnection.sent == ["EVALSHA"] * 50
@@ -132,6 +137,42 @@ def test_redis_admission_is_exactly_one_evalsha(counting_limiter: Limiter) -> No
         assert isinstance(r, Reservation)
         r.settle(5, 1)
     assert CountingConnection.sent == ["EVALSHA"] * 50
+
+
+def without_handshake(sent: list[str]) -> list[str]:
+    """The commands sent, minus a new connection's handshake (HELLO, CLIENT SETINFO, ...)."""
+    return [c for c in sent if c not in ("HELLO", "CLIENT", "SELECT", "AUTH")]
+
+
+def test_fresh_redis_loads_each_script_once_then_one_evalsha() -> None:
+    """On a server whose script cache is empty (a freshly started one, started here)."""
+    with redis_server() as port:
+        limiter = Limiter.from_url(
+            f"redis://127.0.0.1:{port}/0",
+            limits=COUNTED_LIMITS,
+            connection_class=CountingConnection,
+            socket_timeout=5.0,
+        )
+        try:
+            CountingConnection.sent.clear()
+            first = limiter.try_reserve(ROUTE, Cost(input_tokens=10))
+            assert isinstance(first, Reservation)
+            # The connection's handshake, then: not in the cache yet, so one EVALSHA
+            # fails with NOSCRIPT and the script goes once with EVAL (which caches it).
+            assert without_handshake(CountingConnection.sent) == ["EVALSHA", "EVAL"]
+            CountingConnection.sent.clear()
+            held = [limiter.try_reserve(ROUTE, Cost(input_tokens=10)) for _ in range(20)]
+            assert CountingConnection.sent == ["EVALSHA"] * 20
+            CountingConnection.sent.clear()
+            first.settle(5, 1)  # the settle script is loaded on its first use
+            assert CountingConnection.sent == ["EVALSHA", "EVAL"]
+            CountingConnection.sent.clear()
+            for r in held:
+                assert isinstance(r, Reservation)
+                r.settle(5, 1)
+            assert CountingConnection.sent == ["EVALSHA"] * 20
+        finally:
+            limiter.close()
 
 
 def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -> None:

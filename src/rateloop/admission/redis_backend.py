@@ -4,7 +4,8 @@ How it works.  Each operation of :mod:`rateloop.admission.plan` is encoded
 into ``KEYS``/``ARGV`` and run by one script (``admit.lua``, ``settle.lua``,
 ``pause.lua``, ``observe.lua``; each prefixed with ``_common.lua``), shipped
 as package data.  Scripts are registered once per client and called with
-``EVALSHA``; redis-py loads them on ``NOSCRIPT`` and retries.  The scripts
+``EVALSHA``; a server that does not know a script yet (``NOSCRIPT``: freshly
+started, restarted or flushed) gets it once with ``EVAL``, which caches it.  The scripts
 read the server's ``TIME``, so every worker agrees on the clock, and they run
 atomically, so all dimensions of all scopes are admitted together or not at
 all, however many processes share the server.
@@ -47,6 +48,7 @@ try:
     import redis
     import redis.asyncio as aredis
     from redis.commands.core import AsyncScript, Script
+    from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
@@ -168,16 +170,28 @@ class RedisBackend:
 
     def execute(self, op: object) -> object:
         name, keys, args, decode = self._encode(op)
+        script = self._sync_scripts()[name]
+        client = script.registered_client
         try:
-            reply = self._sync_scripts()[name](keys=keys, args=args)
+            try:
+                reply = client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # Not in this server's cache yet (a fresh or restarted server): EVAL
+                # sends the text and caches it, so the next EVALSHA finds it.
+                reply = client.eval(script.script, len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
 
     async def aexecute(self, op: object) -> object:
         name, keys, args, decode = self._encode(op)
+        script = self._async_scripts()[name]
+        client = script.registered_client
         try:
-            reply = await self._async_scripts()[name](keys=keys, args=args)
+            try:
+                reply = await client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                reply = await client.eval(script.script, len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
