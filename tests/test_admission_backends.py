@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from _redis_server import redis_server
 from rateloop.admission.backend import BackendUnreachable, registered_schemes
 from rateloop.admission.limiter import LOCAL_RETRY_SECONDS, Limiter
 from rateloop.admission.memory import MemoryBackend
@@ -23,8 +24,6 @@ from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError, ConfigError
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
-
-from _redis_server import redis_server
 
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
 LIMITS = {"openai:gpt-5": LimitSpec(requests_per_minute=10, concurrency=4)}
