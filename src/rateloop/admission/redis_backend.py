@@ -178,7 +178,7 @@ class RedisBackend:
             except NoScriptError:
                 # Not in this server's cache yet (a fresh or restarted server): EVAL
                 # sends the text and caches it, so the next EVALSHA finds it.
-                reply = client.eval(script.script, len(keys), *keys, *args)
+                reply = client.eval(self._texts[name], len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
@@ -191,7 +191,7 @@ class RedisBackend:
             try:
                 reply = await client.evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:
-                reply = await client.eval(script.script, len(keys), *keys, *args)
+                reply = await client.eval(self._texts[name], len(keys), *keys, *args)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
