@@ -25,8 +25,18 @@ from rateloop.errors import BackendError, ConfigError
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
 
+
+def minute_spec(**fields: Any) -> LimitSpec:
+    """A LimitSpec holding a whole minute (``burst = 1``), refunding unused output.
+
+    These tests check the arithmetic; the default pacing (one second of the
+    rate) and the providers' accounting profiles have their own tests.
+    """
+    return LimitSpec(**{"burst": 1.0, "profile": "generic", **fields})
+
+
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
-LIMITS = {"openai:gpt-5": LimitSpec(requests_per_minute=10, concurrency=4)}
+LIMITS = {"openai:gpt-5": minute_spec(requests_per_minute=10, concurrency=4)}
 NOWHERE = "redis://:s3cret@127.0.0.1:1/0"  # nothing listens on port 1
 
 
@@ -109,8 +119,8 @@ class CountingConnection(redis.Connection):
 
 
 COUNTED_LIMITS = {
-    "openai:gpt-5": LimitSpec(requests_per_minute=10_000, tokens_per_minute=10**7),
-    "openai:gpt-5:proj-1": LimitSpec(
+    "openai:gpt-5": minute_spec(requests_per_minute=10_000, tokens_per_minute=10**7),
+    "openai:gpt-5:proj-1": minute_spec(
         input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
     ),
 }
@@ -178,7 +188,7 @@ def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -
     limiter = Limiter.from_url(
         redis_url,
         prefix=redis_prefix,
-        limits={"openai:gpt-5": LimitSpec(requests_per_minute=60, concurrency=2)},
+        limits={"openai:gpt-5": minute_spec(requests_per_minute=60, concurrency=2)},
     )
     r = limiter.try_reserve(ROUTE, Cost())
     assert isinstance(r, Reservation)
@@ -268,7 +278,7 @@ def proxy(redis_url: str) -> Iterator[SwitchableProxy]:
 def test_shared_reservation_settles_on_redis_during_the_local_window(
     proxy: SwitchableProxy, redis_url: str, redis_prefix: str
 ) -> None:
-    limits = {"openai:gpt-5": LimitSpec(concurrency=2, output_tokens_per_minute=1_000)}
+    limits = {"openai:gpt-5": minute_spec(concurrency=2, output_tokens_per_minute=1_000)}
     limiter = Limiter.from_url(
         f"redis://127.0.0.1:{proxy.port}/{urlsplit(redis_url).path.strip('/') or 0}",
         prefix=redis_prefix,
@@ -335,7 +345,7 @@ def test_async_clients_of_many_loops_in_many_threads(redis_url: str) -> None:
 def test_redis_lease_expires_at_granted_at_plus_ttl_and_expired_leases_free_the_slot(
     redis_url: str, redis_prefix: str
 ) -> None:
-    spec = LimitSpec(concurrency=1, lease_ttl_secs=37)
+    spec = minute_spec(concurrency=1, lease_ttl_secs=37)
     limiter = Limiter.from_url(redis_url, prefix=redis_prefix, limits={"openai:gpt-5": spec})
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     leases = f"{redis_prefix}l:openai:gpt-5"

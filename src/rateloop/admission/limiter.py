@@ -46,6 +46,7 @@ from rateloop.admission.plan import (
     Tightening,
     build_checks,
 )
+from rateloop.admission.profile import AccountingProfile, profile_for
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -103,7 +104,10 @@ def _scaled_check(check: Check, share: float) -> Check:
     class_share = check.share * capacity / check.capacity
     if check.kind is CheckKind.LEASE:
         class_share = float(max(1, math.floor(class_share + 1e-9)))
-    return replace(check, capacity=capacity, share=class_share, rate=check.rate * share)
+    ceiling = max(check.ceiling * share, capacity)
+    return replace(
+        check, capacity=capacity, share=class_share, rate=check.rate * share, ceiling=ceiling
+    )
 
 
 def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
@@ -112,7 +116,10 @@ def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
     if local is not None and local[0] == share:
         return local[1]
     scaled = AdmitPlan(
-        plan.scopes, tuple(_scaled_check(c, share) for c in plan.checks), plan.priority
+        plan.scopes,
+        tuple(_scaled_check(c, share) for c in plan.checks),
+        plan.priority,
+        plan.profile,
     )
     plan.local = (share, scaled)
     return scaled
@@ -267,6 +274,15 @@ class Limiter:
                 self._limits[scope] = spec
             self._forget_plans()
 
+    def profile_of(self, scope: str) -> AccountingProfile:
+        """How the provider of ``scope`` charges usage: the nearest scope's ``profile``
+        setting on its path, else the profile of its provider (the first part)."""
+        for candidate in _path(scope):
+            spec = self.limits_for(candidate)
+            if spec is not None and spec.profile is not None:
+                return profile_for(scope, spec.profile)
+        return profile_for(scope.split(":", 1)[0])
+
     def limits_for(self, scope: str) -> LimitSpec | None:
         """The configured limits of ``scope``, else those learned from headers, else None."""
         return self._limits.get(scope) or self._learned.get(scope)
@@ -296,12 +312,13 @@ class Limiter:
         generation = self._generation
         if plan is None:
             scopes = route.scopes
+            specs = [(scope, self.limits_for(scope)) for scope in scopes]
+            profile = self.profile_of(scopes[-1])
             checks: list[Check] = []
-            for scope in scopes:
-                spec = self.limits_for(scope)
+            for scope, spec in specs:
                 if spec is not None:
-                    checks.extend(build_checks(scope, spec, prio))
-            plan = AdmitPlan(scopes, tuple(checks), prio)
+                    checks.extend(build_checks(scope, spec, prio, profile))
+            plan = AdmitPlan(scopes, tuple(checks), prio, profile)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
@@ -385,8 +402,8 @@ class Limiter:
             scope=check.scope,
             dimension=check.dimension,
             reason=(
-                f"cost of {amount:g} {check.dimension.value} exceeds the capacity "
-                f"of {check.capacity:g} (burst × limit); waiting cannot help"
+                f"cost of {amount:g} {check.dimension.value} exceeds the limit "
+                f"of {check.ceiling:g}; waiting cannot help"
             ),
             never_fits=True,
         )
@@ -464,7 +481,7 @@ class Limiter:
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
-            for check in build_checks(target, spec):
+            for check in build_checks(target, spec, profile=self.profile_of(scope)):
                 by_dimension[check.dimension] = check
         tightenings = tuple(
             Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
