@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rateloop.admission.gcra import AIMD
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import Priority
@@ -298,7 +299,11 @@ def test_pause_until_a_datetime_and_reserve_wakes_with_a_spread(clock: FakeClock
 
 
 def test_rate_lowered_by_a_429_recovers_additively(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=60)})
+    limiter = Limiter(
+        limits={"openai:gpt-5": minute_spec(requests_per_minute=60)},
+        clock=clock,
+        aimd=AIMD(recover_per_minute=0.1),  # slow, to see the additive increase
+    )
     from rateloop.signal import Kind, LimitSignal
 
     limiter.observe("openai:gpt-5", LimitSignal.of(Kind.TEMPORARY, status=429))

@@ -54,6 +54,7 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.spec import LimitSpec
+from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
@@ -469,14 +470,24 @@ class Limiter:
         return None
 
     def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
+        """Resynchronise the governing scope's state with what the provider said.
+
+        Header truth over guesswork: ``remaining``/``reset`` headers set the
+        state of the dimensions they name, on every observed response.  The
+        AIMD decrease applies only to a 429 that nothing explains -- no
+        header told the state of a limit we govern, and no limit was just
+        learned from it (the 429 that taught a limit is not a reason to go
+        slower than that limit).
+        """
         if not isinstance(scope, str) or not scope:
             raise ValueError(f"scope must be a non-empty string, got {scope!r}")
-        signal = (
-            source
-            if isinstance(source, LimitSignal)
-            else _signal_from_headers(source, self._clock.now())
-        )
-        self._learn(scope, signal)
+        block: float | None = None
+        if isinstance(source, LimitSignal):
+            signal = source
+        else:
+            signal = _signal_from_headers(source, self._clock.now())
+            block = subscription_block(source, self._clock.now())
+        learned = self._learn(scope, signal)
         target = self._governing(scope)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
@@ -490,32 +501,37 @@ class Limiter:
             for d in _tightened(o)
             if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
-        lower = signal.kind is Kind.TEMPORARY
+        lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
         if target is not None and (tightenings or lower):
             yield _Do(ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd))
+        if block is not None:
+            yield _Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
 
-    def _learn(self, scope: str, signal: LimitSignal) -> None:
+    def _learn(self, scope: str, signal: LimitSignal) -> bool:
         """Zero-config: take limits from the provider's headers when none are configured.
 
         Only when no scope on the path (``scope`` and its ancestors) has
         configured limits, and only from observations whose window is known
         (see :func:`_learned_field`); the limits are learned for ``scope``.
+        True when this observation changed what is known.
         """
         if any(s in self._limits for s in _path(scope)):
-            return
+            return False
         learned: dict[str, Any] = {}
         for o in signal.observed:
             name = _learned_field(o)
             if name is not None and o.limit is not None and o.limit >= 1:
                 learned.setdefault(name, int(o.limit))
         if not learned:
-            return
+            return False
         with self._lock:
             old = self._learned.get(scope)
             spec = replace(old, **learned) if old is not None else LimitSpec(**learned)
-            if spec != old:
-                self._learned[scope] = spec
-                self._forget_plans()
+            if spec == old:
+                return False
+            self._learned[scope] = spec
+            self._forget_plans()
+        return True
 
     # -- drivers -------------------------------------------------------------------------------
 
