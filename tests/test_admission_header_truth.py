@@ -181,3 +181,61 @@ def test_an_exhausted_subscription_window_pauses_the_scope() -> None:
     d = limiter.try_reserve(route, Cost())
     assert isinstance(d, Denied) and d.reason.startswith("scope paused")
     assert 1_800 <= d.retry_after <= 1_801
+
+
+# -- learned limits live in the backend -------------------------------------------------
+
+
+LEARN_HEADERS = {
+    "x-ratelimit-limit-requests": "120",
+    "x-ratelimit-remaining-requests": "120",
+    "x-ratelimit-limit-tokens": "60000",
+    "x-ratelimit-remaining-tokens": "60000",
+}
+
+
+def test_one_process_learns_and_every_process_uses_it(redis_url: str, redis_prefix: str) -> None:
+    clocks = [FakeClock(), FakeClock()]
+    learner, other = (Limiter.from_url(redis_url, prefix=redis_prefix, clock=c) for c in clocks)
+    try:
+        assert other.try_reserve(ROUTE, Cost())  # nothing known yet: unlimited
+        learner.observe(MODEL, LEARN_HEADERS)
+        expected = LimitSpec(requests_per_minute=120, tokens_per_minute=60_000)
+        assert learner.limits_for(MODEL) == expected
+        assert other.limits_for(MODEL) is None  # not read yet: at most once a second
+        clocks[1].advance(1.0)
+        other.try_reserve(ROUTE, Cost())  # the refresh is due: it reads, then admits
+        assert other.limits_for(MODEL) == expected
+        # Both now admit against the same shared, paced bucket: 2 a second in all.
+        granted = [bool(lim.try_reserve(ROUTE, Cost())) for lim in (learner, other) * 3]
+        assert sum(granted) <= 2
+    finally:
+        learner.close()
+        other.close()
+
+
+def test_configured_limits_are_never_replaced_by_learned_ones(
+    redis_url: str, redis_prefix: str
+) -> None:
+    configured = Limiter.from_url(
+        redis_url,
+        prefix=redis_prefix,
+        limits={MODEL: LimitSpec(requests_per_minute=10)},
+        clock=FakeClock(),
+    )
+    learner = Limiter.from_url(redis_url, prefix=redis_prefix, clock=FakeClock())
+    try:
+        learner.observe(MODEL, LEARN_HEADERS)
+        configured.try_reserve(ROUTE, Cost())
+        assert configured.limits_for(MODEL) == LimitSpec(requests_per_minute=10)
+    finally:
+        configured.close()
+        learner.close()
+
+
+def test_learned_limits_are_shared_through_one_memory_backend_too() -> None:
+    """In one process the limiter itself holds them: no backend read on the hot path."""
+    clock = FakeClock()
+    limiter = Limiter(clock=clock)
+    limiter.observe(MODEL, LEARN_HEADERS)
+    assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=120, tokens_per_minute=60_000)

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backend import Backend, BackendUnreachable, backend_from_url
-from rateloop.admission.gcra import AIMD, DAY, pause_spread
+from rateloop.admission.gcra import AIMD, pause_spread
+from rateloop.admission.learning import Learned, LearnedOp, path, tightened
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitOp,
@@ -56,7 +57,7 @@ from rateloop.admission.reservation import (
 from rateloop.admission.spec import LimitSpec
 from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
+from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -183,7 +184,8 @@ class Limiter:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._limits: dict[str, LimitSpec] = {}
-        self._learned: dict[str, LimitSpec] = {}
+        self._learned_shared = not isinstance(self._backend, MemoryBackend)
+        self._learned = Learned(self._limits.__contains__, shared=self._learned_shared)
         self._plans: dict[tuple[Route, Priority], AdmitPlan] = {}
         self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
         self._generation = 0
@@ -278,7 +280,7 @@ class Limiter:
     def profile_of(self, scope: str) -> AccountingProfile:
         """How the provider of ``scope`` charges usage: the nearest scope's ``profile``
         setting on its path, else the profile of its provider (the first part)."""
-        for candidate in _path(scope):
+        for candidate in path(scope):
             spec = self.limits_for(candidate)
             if spec is not None and spec.profile is not None:
                 return profile_for(scope, spec.profile)
@@ -286,7 +288,7 @@ class Limiter:
 
     def limits_for(self, scope: str) -> LimitSpec | None:
         """The configured limits of ``scope``, else those learned from headers, else None."""
-        return self._limits.get(scope) or self._learned.get(scope)
+        return self._limits.get(scope) or self._learned.specs.get(scope)
 
     @property
     def limits(self) -> Mapping[str, LimitSpec]:
@@ -331,6 +333,7 @@ class Limiter:
 
     def _forget_plans(self) -> None:
         """Limits changed: cached plans are stale.  Call with ``_lock`` held."""
+        self._learned.forget_schedule()
         self._generation += 1
         self._plans.clear()
         self._last_plan = (None, None, _NO_PLAN)
@@ -388,9 +391,20 @@ class Limiter:
             return self._never_fits(ran.plan.checks[i], ran.amounts[i])
         return self._denied(result)
 
+    def _refresh_op(self, route: Route) -> LearnedOp | None:
+        """Zero-config on a shared backend: read what other processes learned, when due."""
+        return self._learned.refresh_op(route, self._clock.monotonic())
+
+    def _adopt(self, done: _Done) -> None:
+        if self._learned.apply(done[0]):
+            with self._lock:
+                self._forget_plans()
+
     def _admit_flow(
         self, route: Route, cost: Cost, priority: str | Priority
     ) -> _Flow[Reservation | Denied]:
+        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+            self._adopt((yield _Do(refresh)))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
@@ -464,7 +478,7 @@ class Limiter:
         while the limits may be configured on a broader scope; what the provider
         said is about the limit that governs the call, so it applies there.
         """
-        for candidate in _path(scope):
+        for candidate in path(scope):
             if self.limits_for(candidate) is not None:
                 return candidate
         return None
@@ -487,7 +501,13 @@ class Limiter:
         else:
             signal = _signal_from_headers(source, self._clock.now())
             block = subscription_block(source, self._clock.now())
-        learned = self._learn(scope, signal)
+        store = self._learned.learn(scope, signal)
+        learned = store is not None
+        if learned:
+            with self._lock:
+                self._forget_plans()
+            if self._learned_shared:
+                yield _Do(store)
         target = self._governing(scope)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
@@ -498,7 +518,7 @@ class Limiter:
             Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
             for o in signal.observed
             if o.remaining is not None or o.reset_after is not None
-            for d in _tightened(o)
+            for d in tightened(o)
             if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
         lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
@@ -506,32 +526,6 @@ class Limiter:
             yield _Do(ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd))
         if block is not None:
             yield _Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
-
-    def _learn(self, scope: str, signal: LimitSignal) -> bool:
-        """Zero-config: take limits from the provider's headers when none are configured.
-
-        Only when no scope on the path (``scope`` and its ancestors) has
-        configured limits, and only from observations whose window is known
-        (see :func:`_learned_field`); the limits are learned for ``scope``.
-        True when this observation changed what is known.
-        """
-        if any(s in self._limits for s in _path(scope)):
-            return False
-        learned: dict[str, Any] = {}
-        for o in signal.observed:
-            name = _learned_field(o)
-            if name is not None and o.limit is not None and o.limit >= 1:
-                learned.setdefault(name, int(o.limit))
-        if not learned:
-            return False
-        with self._lock:
-            old = self._learned.get(scope)
-            spec = replace(old, **learned) if old is not None else LimitSpec(**learned)
-            if spec == old:
-                return False
-            self._learned[scope] = spec
-            self._forget_plans()
-        return True
 
     # -- drivers -------------------------------------------------------------------------------
 
@@ -630,6 +624,8 @@ class Limiter:
         This is ``_admit_flow`` run by hand: the same two halves around one
         step, without a generator, because it is the hottest path.
         """
+        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+            self._adopt(self._execute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
@@ -638,6 +634,8 @@ class Limiter:
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
+        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+            self._adopt(await self._aexecute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
@@ -718,45 +716,3 @@ def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSign
     # Imported here: Read (classify) is a sibling stage, loaded only when used.
     classify = importlib.import_module("rateloop.classify").classify
     return cast(LimitSignal, classify(200, headers, b"", now=now))
-
-
-def _path(scope: str) -> list[str]:
-    """``scope`` and its ancestors, nearest first: ``a:b:c`` -> ``a:b:c``, ``a:b``, ``a``."""
-    parts = scope.split(":")
-    return [":".join(parts[:n]) for n in range(len(parts), 0, -1)]
-
-
-#: Per-minute dimensions, keyed by what a provider's header describes.
-_MINUTE_FIELDS = {
-    Dimension.REQUESTS: "requests_per_minute",
-    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
-    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
-    Dimension.TOKENS: "tokens_per_minute",
-}
-
-
-def _learned_field(o: Observed) -> str | None:
-    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it.
-
-    Only a known window maps: 60 s to the per-minute dimensions, a day (86400 s)
-    of requests to ``requests_per_day``.  Any other window (GitHub's hour, an
-    IETF ``w=3600``) and an unknown one are ignored: a per-hour limit read as
-    per-minute would admit 60 times too much.
-    """
-    if o.window == 60.0:
-        return _MINUTE_FIELDS.get(o.dimension)
-    if o.window == DAY and o.dimension in (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY):
-        return "requests_per_day"
-    return None
-
-
-def _tightened(o: Observed) -> tuple[Dimension, ...]:
-    """The dimensions whose state an observed ``remaining``/``reset`` tightens.
-
-    ``remaining = R`` means at most R units are available now, whatever the
-    window, so it tightens the dimension it names; a day's requests (Groq)
-    also tighten ``requests_per_day``.
-    """
-    if o.window == DAY and o.dimension is Dimension.REQUESTS:
-        return (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY)
-    return (o.dimension,)

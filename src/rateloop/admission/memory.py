@@ -25,6 +25,7 @@ from rateloop.admission.gcra import (
     effective_factor,
     lowered_factor,
 )
+from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitResult,
@@ -95,6 +96,7 @@ class MemoryBackend:
         self._monotonic = self._clock.monotonic  # bound once: read on every operation
         self._lock = threading.Lock()
         self._scopes: dict[str, _Scope] = {}
+        self._learned: dict[str, tuple[dict[str, int], float]] = {}
 
     url = "memory://"
 
@@ -117,6 +119,12 @@ class MemoryBackend:
                 return self._pause(op, now)
             if isinstance(op, ObserveOp):
                 return self._observe(op, now, self._clock.now().timestamp())
+            if isinstance(op, LearnOp):
+                self._learned[op.scope] = (dict(op.limits), now + op.ttl)
+                return 1
+            if isinstance(op, LearnedOp):
+                found = {s: self._learned.get(s) for s in op.scopes}
+                return {s: dict(v[0]) for s, v in found.items() if v is not None and v[1] > now}
         finally:
             lock.release()
         raise TypeError(f"MemoryBackend cannot execute {op!r}")

@@ -15,6 +15,7 @@ Keys, per scope key ``S`` (``prefix`` defaults to ``rateloop:``)::
     {prefix}s:{S}   hash: bucket levels/timestamps, day counts, blocks, AIMD factor
     {prefix}l:{S}   sorted set: concurrency leases scored by expiry
     {prefix}p:{S}   string "resume_time|reason" while the scope is paused
+    {prefix}k:{S}   hash: limits learned from the provider's headers (zero-config)
 
 Every write extends the key's TTL (``PEXPIRE``) to when its state stops
 mattering, so idle keys vanish by themselves.  A single Redis node (or a
@@ -31,6 +32,7 @@ from typing import Any
 from rateloop._redact import redact_url
 from rateloop.admission.backend import BackendUnreachable
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
+from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitPlan,
@@ -56,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["RedisBackend", "redact_url"]
 
-_SCRIPTS = ("admit", "settle", "pause", "observe")
+_SCRIPTS = ("admit", "settle", "pause", "observe", "learned")
 
 # What a plan encodes to, whatever the cost: (the plan, all scopes, their 1-based index,
 # KEYS, the admit ARGV after the lease id and recovery rate with amount/allowed left blank).
@@ -222,6 +224,18 @@ class RedisBackend:
             )
         if isinstance(op, ObserveOp):
             return self._encode_observe(op)
+        if isinstance(op, LearnOp):
+            flat = [str(x) for pair in op.limits for x in pair]
+            ms = str(int(op.ttl * 1000))
+            return "learned", [f"{self.prefix}k:{op.scope}"], ["w", ms, *flat], int
+        if isinstance(op, LearnedOp):
+            scopes = op.scopes
+            return (
+                "learned",
+                [f"{self.prefix}k:{s}" for s in scopes],
+                ["r"],
+                lambda reply: _decode_learned(scopes, reply),
+            )
         raise TypeError(f"RedisBackend cannot execute {op!r}")
 
     def _encoded(self, plan: AdmitPlan) -> _EncodedPlan:
@@ -324,6 +338,24 @@ class RedisBackend:
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
         return "observe", [f"{self.prefix}s:{op.scope}"], args, float
+
+
+def _decode_learned(scopes: tuple[str, ...], reply: list[Any]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    at = 0
+    for scope in scopes:
+        count = int(reply[at])
+        items = reply[at + 1 : at + 1 + 2 * count]
+        at += 1 + 2 * count
+        limits: dict[str, int] = {}
+        for name, value in zip(items[::2], items[1::2], strict=True):
+            try:
+                limits[str(name)] = int(float(value))
+            except ValueError:
+                continue  # not ours to interpret
+        if limits:
+            out[scope] = limits
+    return out
 
 
 def _scopes_of(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
