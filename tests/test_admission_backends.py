@@ -195,16 +195,19 @@ def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -
     limiter.pause("openai:gpt-5:proj-1", 5.0, "test")
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
+        tag = f"{redis_prefix}{{openai:gpt-5}}"  # every key of the route in one cluster slot
         keys = sorted(client.scan_iter(match=f"{redis_prefix}*"))
         assert keys == [
-            f"{redis_prefix}l:openai:gpt-5",
-            f"{redis_prefix}p:openai:gpt-5:proj-1",
-            f"{redis_prefix}s:openai:gpt-5",
+            f"{tag}:l:openai:gpt-5",
+            f"{tag}:s:openai:gpt-5",
+            f"{tag}:s:openai:gpt-5:proj-1",  # the paused scope: the pause is in its state
         ]
-        ttls = {k.removeprefix(redis_prefix)[0]: client.pttl(k) for k in keys}
-        assert 0 < ttls["s"] <= 2_000 + 1_000  # one request drains in 1 s (+1 s margin)
-        assert 0 < ttls["l"] <= 600_000 + 1_000  # the lease TTL
-        assert 0 < ttls["p"] <= 5_001
+        ttls = [client.pttl(k) for k in keys]
+        # One request drains in 1 s; the TTL is set with a minute of slack (so most
+        # admissions need no PEXPIRE), the lease set to the lease TTL, the pause to its end.
+        assert 0 < ttls[1] <= (1 + 1 + 60) * 1_000 + 1
+        assert 0 < ttls[0] <= 600_000 + 1_000
+        assert 5_000 < ttls[2] <= (5 + 1 + 60) * 1_000 + 1
     finally:
         client.close()
         limiter.close()
@@ -287,7 +290,8 @@ def test_shared_reservation_settles_on_redis_during_the_local_window(
         socket_timeout=1.0,
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    leases, state = f"{redis_prefix}l:openai:gpt-5", f"{redis_prefix}s:openai:gpt-5"
+    tag = f"{redis_prefix}{{openai:gpt-5}}"
+    leases, state = f"{tag}:l:openai:gpt-5", f"{tag}:s:openai:gpt-5"
     try:
         shared = [limiter.try_reserve(ROUTE, Cost(output_tokens=400)) for _ in range(2)]
         assert all(isinstance(r, Reservation) and not r.local for r in shared)
@@ -348,7 +352,7 @@ def test_redis_lease_expires_at_granted_at_plus_ttl_and_expired_leases_free_the_
     spec = minute_spec(concurrency=1, lease_ttl_secs=37)
     limiter = Limiter.from_url(redis_url, prefix=redis_prefix, limits={"openai:gpt-5": spec})
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    leases = f"{redis_prefix}l:openai:gpt-5"
+    leases = f"{redis_prefix}{{openai:gpt-5}}:l:openai:gpt-5"
     try:
         r = limiter.try_reserve(ROUTE, Cost())
         assert isinstance(r, Reservation) and r.lease_id is not None

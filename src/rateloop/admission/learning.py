@@ -165,7 +165,6 @@ class Learned:
         if len(self._due) >= 4096:
             self._due.clear()
         if any(self._configured(s) for s in scopes):
-            self._due[route] = float("inf")  # until the configuration changes
             return None
         self._due[route] = now + REFRESH_SECONDS
         return LearnedOp(scopes=scopes)

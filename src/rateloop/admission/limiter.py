@@ -322,6 +322,7 @@ class Limiter:
                 if spec is not None:
                     checks.extend(build_checks(scope, spec, prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
+            plan.learnable = not any(scope in self._limits for scope in scopes)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
@@ -391,8 +392,14 @@ class Limiter:
             return self._never_fits(ran.plan.checks[i], ran.amounts[i])
         return self._denied(result)
 
-    def _refresh_op(self, route: Route) -> LearnedOp | None:
-        """Zero-config on a shared backend: read what other processes learned, when due."""
+    def _refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
+        """Zero-config on a shared backend: read what other processes learned, when due.
+
+        Only routes without configured limits learn (``plan.learnable``, known
+        from the cached plan without hashing the route).
+        """
+        if not self._plan(route, priority).learnable:
+            return None
         return self._learned.refresh_op(route, self._clock.monotonic())
 
     def _adopt(self, done: _Done) -> None:
@@ -403,7 +410,7 @@ class Limiter:
     def _admit_flow(
         self, route: Route, cost: Cost, priority: str | Priority
     ) -> _Flow[Reservation | Denied]:
-        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
             self._adopt((yield _Do(refresh)))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
@@ -624,7 +631,7 @@ class Limiter:
         This is ``_admit_flow`` run by hand: the same two halves around one
         step, without a generator, because it is the hottest path.
         """
-        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
             self._adopt(self._execute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
@@ -634,7 +641,7 @@ class Limiter:
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
-        if self._learned_shared and (refresh := self._refresh_op(route)) is not None:
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
             self._adopt(await self._aexecute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):

@@ -261,6 +261,7 @@ class AdmitPlan:
         "checks",
         "fit_shares",
         "last",
+        "learnable",
         "lease_scope",
         "local",
         "pick",
@@ -285,6 +286,7 @@ class AdmitPlan:
         self.shares = tuple(c.share for c in checks)
         self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
         self.profile = profile
+        self.learnable = False  # no scope has configured limits: learned ones may apply
         self.ceilings = tuple(c.ceiling for c in checks)
         # A settle's deltas are (input, output, total) as the profile computes them;
         # a total-tokens limit counting input only (Gemini) takes the total delta too.
