@@ -108,12 +108,6 @@ class FakeProvider:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if isinstance(output_ratio, bool) or not 0 <= output_ratio <= 1:
             raise ValueError(f"output_ratio must be a fraction 0..1, got {output_ratio!r}")
-        for name, p in (fault_rates or {}).items():
-            if name not in FAULTS:
-                raise ValueError(f"unknown fault {name!r} in fault_rates; allowed: "
-                                 f"{', '.join(FAULTS)}")
-            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1:
-                raise ValueError(f"fault_rates[{name!r}] must be a probability 0..1, got {p!r}")
         self.profile: Profile = profile
         self.limits = limits
         self.model = model
@@ -123,9 +117,10 @@ class FakeProvider:
         self.rejected_spends_request = rejected_spends_request
         self.clock = clock if clock is not None else system_clock
         self._script = self._as_script(faults)
-        self._rates = dict(fault_rates or {})
-        self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self._rates: dict[str, float] = {}
+        self.set_fault_rates(fault_rates)
+        self._rng = random.Random(seed)
         self.stats = FakeStats()
         self._spent = False
         self._day_index = -1
@@ -177,6 +172,18 @@ class FakeProvider:
         """Refuse every request as out of credit (``False`` to refill the account)."""
         with self._lock:
             self._spent = exhausted
+
+    def set_fault_rates(self, fault_rates: Mapping[str, float] | None) -> None:
+        """Change the random faults from now on (an overload storm starts or ends)."""
+        rates = dict(fault_rates or {})
+        for name, p in rates.items():
+            if name not in FAULTS:
+                raise ValueError(f"unknown fault {name!r} in fault_rates; allowed: "
+                                 f"{', '.join(FAULTS)}")
+            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1:
+                raise ValueError(f"fault_rates[{name!r}] must be a probability 0..1, got {p!r}")
+        with self._lock:
+            self._rates = rates
 
     def reset(self) -> None:
         """Full buckets, a new day, empty counters (the configuration is kept)."""
