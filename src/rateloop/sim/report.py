@@ -73,7 +73,7 @@ def render_table(scenario: Scenario, results: Sequence[RunResult], console: Cons
                   highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("strategy", no_wrap=True)
-    for name in ("done", "deferred", "lost", "wall", "effic.", "429s/ok", "tries/call",
+    for name in ("done", "deferred", "lost", "wall", "effic.", "refused/ok", "tries/call",
                  "p50", "p95"):
         table.add_column(name, justify="right", no_wrap=True)
     for r in results:

@@ -7,7 +7,8 @@ provider at 60 RPM and 40,000 TPM with a 5 s burst, 2 s per answer, 40 tasks
 - ``burst``: every task arrives at once.
 - ``steady``: tasks arrive evenly over four minutes.
 - ``daily``: the day quota (RPD) is smaller than the work.
-- ``storm``: half the attempts are overloaded (529-style) between 30 s and 150 s.
+- ``storm``: as ``steady``, and half the attempts are overloaded (529-style)
+  between 30 s and 150 s.
 - ``lower``: the provider enforces half the limits rateloop was configured with.
 - ``shared``: four processes share one budget (rateloop's limiter state is
   shared, as through Redis; zero-config processes each learn alone).
@@ -112,7 +113,7 @@ def build_scenario(
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")
     processes = 4 if name == "shared" else 1
-    arrival = 240.0 if name == "steady" else 0.0
+    arrival = 240.0 if name in ("steady", "storm") else 0.0
     if workload is None:
         workload = Workload.generate(tasks=tasks, calls=calls, input_tokens=input_tokens,
                                      max_tokens=max_tokens, arrival_secs=arrival,
@@ -134,7 +135,8 @@ def build_scenario(
         what = f"the day quota is {day} requests for {workload.calls} calls"
     elif name == "storm":
         storms = (StormWindow(30.0, 150.0, {"overload": 0.5}),)
-        what = "half the attempts are overloaded between 30 s and 150 s"
+        what = ("tasks arrive over 240 s and half the attempts are overloaded between 30 s "
+                "and 150 s")
     elif name == "lower":
         limits = FakeLimits(
             rpm=_half(rpm), tpm=_half(tpm), itpm=_half(itpm), otpm=_half(otpm), rpd=rpd,
