@@ -24,7 +24,9 @@ import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop._clock import Clock, system_clock
 from rateloop.route import Route
@@ -41,8 +43,6 @@ from rateloop.testing._fake.model import FAULTS, FakeRequest, FakeResponse, Fake
 from rateloop.testing.faults import FaultScript
 
 __all__ = ["FakeProvider"]
-
-_DAY = 86_400.0
 
 
 @dataclass(slots=True)
@@ -218,12 +218,22 @@ class FakeProvider:
         return self._close(ticket)
 
     def _roll_day(self) -> float:
-        """Move to the current UTC day; the seconds left in it."""
-        wall = self.clock.now().timestamp()
-        index = int(wall // _DAY)
+        """Move to the provider's current day; the seconds left in it.
+
+        OpenAI and Anthropic days are UTC days; Gemini's reset at midnight
+        Pacific time (as ``rateloop.classify`` expects).
+        """
+        now = self.clock.now()
+        if self.profile == "gemini":
+            try:
+                now = now.astimezone(ZoneInfo("America/Los_Angeles"))
+            except (ZoneInfoNotFoundError, ValueError):  # no tz database: UTC days
+                pass
+        index = now.date().toordinal()
         if index != self._day_index:
             self._day_index, self._day_count, self._day_exhausted = index, 0, False
-        return (index + 1) * _DAY - wall
+        midnight = datetime.combine(now.date() + timedelta(days=1), time(), tzinfo=now.tzinfo)
+        return (midnight - now).total_seconds()
 
     def _next_fault(self) -> str | Slow | None:
         if self._script is not None:
