@@ -330,3 +330,14 @@ def test_efficiency_is_never_above_one() -> None:
         result = run_strategy(scenario, strategy)
         assert 0 <= result.efficiency <= 1
         assert not math.isnan(result.attempts_per_call)
+
+
+def test_simulate_zero_leaves_a_limit_unset() -> None:
+    result = runner.invoke(app, ["simulate", "--scenario", "burst", "--tasks", "3", "--calls",
+                                 "1", "--tpm", "0", "--rpm", "0", "--concurrency", "2",
+                                 "--strategies", "rateloop", "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    # Only the concurrency limit is left: the bound is 3 calls × 2 s / 2 at a time = 3 s.
+    assert row["ideal_secs"] == pytest.approx(3.0)
+    assert row["completed"] == 3

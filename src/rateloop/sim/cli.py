@@ -48,8 +48,10 @@ def simulate_command(
     calls: Annotated[int, typer.Option(help="Model calls per task.")] = 5,
     profile: Annotated[str, typer.Option(
         help="Provider shape and token counting: " + ", ".join(PROFILES) + ".")] = "openai",
-    rpm: Annotated[int | None, typer.Option(help="Provider requests per minute.")] = 60,
-    tpm: Annotated[int | None, typer.Option(help="Provider tokens per minute.")] = 40_000,
+    rpm: Annotated[int | None, typer.Option(
+        help="Provider requests per minute (0: unlimited).")] = 60,
+    tpm: Annotated[int | None, typer.Option(
+        help="Provider tokens per minute (0: unlimited).")] = 40_000,
     itpm: Annotated[int | None, typer.Option(help="Provider input tokens per minute.")] = None,
     otpm: Annotated[int | None, typer.Option(help="Provider output tokens per minute.")] = None,
     rpd: Annotated[int | None, typer.Option(help="Provider requests per day.")] = None,
@@ -78,6 +80,10 @@ def simulate_command(
     try:
         if profile not in PROFILES:
             raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        # 0 leaves a limit unset (the defaults set --rpm and --tpm).
+        rpm, tpm, itpm, otpm, rpd, concurrency = (
+            v or None for v in (rpm, tpm, itpm, otpm, rpd, concurrency)
+        )
         scenarios = _names(scenario, SCENARIOS, "scenario")
         chosen = _names(strategies, tuple(STRATEGIES), "strategies")
         workload: Workload | None = load_trace(trace) if trace is not None else None
