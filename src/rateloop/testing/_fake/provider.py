@@ -19,6 +19,7 @@ longest wait is named).  A refused request still spends a request slot when
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -225,10 +226,9 @@ class FakeProvider:
         """
         now = self.clock.now()
         if self.profile == "gemini":
-            try:
+            # Without a tz database the day stays the UTC day.
+            with contextlib.suppress(ZoneInfoNotFoundError, ValueError):
                 now = now.astimezone(ZoneInfo("America/Los_Angeles"))
-            except (ZoneInfoNotFoundError, ValueError):  # no tz database: UTC days
-                pass
         index = now.date().toordinal()
         if index != self._day_index:
             self._day_index, self._day_count, self._day_exhausted = index, 0, False
