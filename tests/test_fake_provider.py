@@ -396,3 +396,26 @@ def test_gemini_day_quota_resets_at_pacific_midnight() -> None:
         2026, 1, 1, 8, 0, tzinfo=UTC)
     clock.advance(3600)  # 08:00 UTC: a new day in Los Angeles, not yet in UTC
     assert fake.respond(REQ).ok
+
+
+@pytest.mark.parametrize("library", ["httpx", "httpx2"])
+def test_sync_mock_transport_handler(library: str) -> None:
+    import importlib
+
+    lib = importlib.import_module(library)
+    clock = FakeClock()
+    fake = FakeProvider(profile="anthropic", rpm=60, burst_seconds=1, latency=0.5,
+                        faults=[None, None, "reset"], clock=clock)
+    with lib.Client(transport=lib.MockTransport(fake.handler), base_url="http://fake") as client:
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        ok = client.post("/v1/messages", json=body)
+        assert ok.status_code == 200 and ok.json()["usage"]["output_tokens"] == 5
+        limited = client.post("/v1/messages", json=body)
+        assert limited.status_code == 429
+        assert classify_response(limited, now=clock.now()).kind is Kind.TEMPORARY
+        with pytest.raises(lib.ReadError):
+            client.post("/v1/messages", json=body)
+        assert client.get("/fake/stats").json()["attempts"] == 3
+        assert client.post("/v1/messages", content=b"[]").status_code == 400
+        assert client.get("/nowhere").status_code == 404
+    assert clock.sleeps == [0.5]

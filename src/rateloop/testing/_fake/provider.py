@@ -161,6 +161,16 @@ class FakeProvider:
 
         await serve_asgi(self, scope, receive, send)
 
+    def handler(self, request: Any) -> Any:
+        """A sync handler for ``httpx.MockTransport`` / ``httpx2.MockTransport``.
+
+        ``httpx.Client(transport=httpx.MockTransport(fake.handler))`` talks to
+        the fake in-process, without a socket or an event loop.
+        """
+        from rateloop.testing._fake.asgi import handle_httpx
+
+        return handle_httpx(self, request)
+
     # -- state the tests drive -------------------------------------------------------
 
     def exhaust_day(self) -> None:
