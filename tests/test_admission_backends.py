@@ -91,6 +91,11 @@ def test_unreachable_redis_falls_back_to_a_local_share() -> None:
         local_share=0.5,
         socket_timeout=0.2,
     )
+    # The local limiter starts full: the process does not know what the others admitted
+    # just before, so it goes at its share of the rate (5 a minute), not with a burst.
+    first = limiter.try_reserve(ROUTE, Cost())
+    assert not first and first.retry_after == pytest.approx(12.0)
+    clock.advance(60.0)
     granted = []
     while isinstance(r := limiter.try_reserve(ROUTE, Cost()), Reservation):
         granted.append(r)

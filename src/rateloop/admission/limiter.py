@@ -74,6 +74,7 @@ T = TypeVar("T")
 class _Do:
     op: object
     local: bool = False
+    deadline: float | None = None  # the caller's, on the monotonic clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,14 +409,18 @@ class Limiter:
                 self._forget_plans()
 
     def _admit_flow(
-        self, route: Route, cost: Cost, priority: str | Priority
+        self,
+        route: Route,
+        cost: Cost,
+        priority: str | Priority,
+        deadline: float | None = None,
     ) -> _Flow[Reservation | Denied]:
         if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
-            self._adopt((yield _Do(refresh)))
+            self._adopt((yield _Do(refresh, deadline=deadline)))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
-        done = yield _Do(op)
+        done = yield _Do(op, deadline=deadline)
         return self._admit_outcome(route, cost, done)
 
     def _never_fits(self, check: Check, amount: float) -> Denied:
@@ -447,7 +452,7 @@ class Limiter:
         self, route: Route, cost: Cost, priority: str | Priority, deadline: float | None
     ) -> _Flow[Reservation]:
         while True:
-            outcome = yield from self._admit_flow(route, cost, priority)
+            outcome = yield from self._admit_flow(route, cost, priority, deadline)
             if isinstance(outcome, Reservation):
                 return outcome
             if outcome.never_fits:
@@ -551,30 +556,67 @@ class Limiter:
         return isinstance(op, SettleOp) or self._clock.monotonic() >= self._local_until
 
     def _fallback(self, exc: BackendUnreachable) -> None:
+        """Start a local window -- unless one is running: the window ends on schedule.
+
+        Several calls in flight can each see the shared backend fail (one
+        error per pooled connection); only the first starts the window, so
+        the shared backend is tried again :data:`LOCAL_RETRY_SECONDS` after
+        the outage was noticed, not after its last echo.  A new window's
+        local limiter starts full (:meth:`MemoryBackend.restart_full`).
+        """
         if self._on_unreachable != "local":
             raise exc
-        self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
+        now = self._clock.monotonic()
+        with self._lock:
+            if now < self._local_until:
+                return
+            from_shared = self._local_until == _NEVER
+            self._local_until = now + LOCAL_RETRY_SECONDS
+        if from_shared:  # the transition, not a retry during the same outage
+            self._local_backend().restart_full()
 
-    def _execute(self, op: object, local: bool = False) -> _Done:
+    def _recovered(self) -> None:
+        """The shared backend answered after a fallback: back to it, the fast path again."""
+        self._local_until = _NEVER
+
+    def _execute(self, op: object, local: bool = False, deadline: float | None = None) -> _Done:
         # The first test is the common case: never fallen back, no clock read.
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
-                return self._backend.execute(op), op, False
+                result = (
+                    self._backend.execute(op)
+                    if deadline is None
+                    else self._backend.execute(op, timeout=deadline - self._clock.monotonic())
+                )
             except BackendUnreachable as exc:
                 self._fallback(exc)
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
+            else:
+                if self._local_until != _NEVER:
+                    self._recovered()
+                return result, op, False
         scaled = _scaled_op(op, self._local_share)
         return self._local_backend().execute(scaled), scaled, True
 
-    async def _aexecute(self, op: object, local: bool = False) -> _Done:
+    async def _aexecute(
+        self, op: object, local: bool = False, deadline: float | None = None
+    ) -> _Done:
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
-                return await self._backend.aexecute(op), op, False
+                if deadline is None:
+                    result = await self._backend.aexecute(op)
+                else:
+                    left = deadline - self._clock.monotonic()
+                    result = await self._backend.aexecute(op, timeout=left)
             except BackendUnreachable as exc:
                 self._fallback(exc)
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
+            else:
+                if self._local_until != _NEVER:
+                    self._recovered()
+                return result, op, False
         scaled = _scaled_op(op, self._local_share)
         return await self._local_backend().aexecute(scaled), scaled, True
 
@@ -586,7 +628,7 @@ class Limiter:
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(self._execute(step.op, step.local))
+                    step = flow.send(self._execute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -598,7 +640,7 @@ class Limiter:
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(await self._aexecute(step.op, step.local))
+                    step = flow.send(await self._aexecute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 

@@ -176,33 +176,79 @@ class RedisBackend:
 
     # -- the Backend protocol ---------------------------------------------------------------
 
-    def execute(self, op: object) -> object:
+    def execute(self, op: object, *, timeout: float | None = None) -> object:
+        """Run ``op`` in one script; ``timeout`` (seconds) bounds the round trip.
+
+        A connection that fails before an answer (a stale pooled connection
+        after a Redis restart, a reset) is retried once on a fresh one before
+        Redis counts as unreachable.
+        """
         name, keys, args, decode = self._encode(op)
-        script = self._sync_scripts()[name]
-        client = script.registered_client
         try:
             try:
-                reply = client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                # Not in this server's cache yet (a fresh or restarted server): EVAL
-                # sends the text and caches it, so the next EVALSHA finds it.
-                reply = client.eval(self._texts[name], len(keys), *keys, *args)
+                reply = self._call(name, keys, args, timeout)
+            except redis.ConnectionError:
+                reply = self._call(name, keys, args, timeout)  # once, on a new connection
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
 
-    async def aexecute(self, op: object) -> object:
-        name, keys, args, decode = self._encode(op)
-        script = self._async_scripts()[name]
+    def _call(self, name: str, keys: list[Any], args: list[Any], timeout: float | None) -> Any:
+        script = self._sync_scripts()[name]
         client = script.registered_client
+        if timeout is None:
+            try:
+                return client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # Not in this server's cache yet (a fresh or restarted server): EVAL
+                # sends the text and caches it, so the next EVALSHA finds it.
+                return client.eval(self._texts[name], len(keys), *keys, *args)
+        # The caller's deadline bounds this round trip, not the client's socket timeout.
+        if self._client is None:  # pragma: no cover - _sync_scripts() just built it
+            raise redis.ConnectionError("no client")
+        pool = self._client.connection_pool
+        conn: Any = pool.get_connection()  # redis-py's Connection methods are untyped
+        try:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return conn.read_response(timeout=max(timeout, 0.001))
+            except NoScriptError:
+                conn.send_command("EVAL", self._texts[name], len(keys), *keys, *args)
+                return conn.read_response(timeout=max(timeout, 0.001))
+        except TimeoutError as exc:
+            conn.disconnect()  # its answer may still come: never reuse the connection
+            raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+        finally:
+            pool.release(conn)
+
+    async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
+        name, keys, args, decode = self._encode(op)
         try:
             try:
-                reply = await client.evalsha(script.sha, len(keys), *keys, *args)
-            except NoScriptError:
-                reply = await client.eval(self._texts[name], len(keys), *keys, *args)
+                reply = await self._acall(name, keys, args, timeout)
+            except redis.ConnectionError:
+                reply = await self._acall(name, keys, args, timeout)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
+        except TimeoutError as exc:  # asyncio.wait_for: the caller's deadline passed
+            raise self._error(redis.TimeoutError(f"no answer within {timeout} s")) from exc
         return decode(reply)
+
+    async def _acall(
+        self, name: str, keys: list[Any], args: list[Any], timeout: float | None
+    ) -> Any:
+        script = self._async_scripts()[name]
+        client = script.registered_client
+
+        async def call() -> Any:
+            try:
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.eval(self._texts[name], len(keys), *keys, *args)
+
+        if timeout is None:
+            return await call()
+        return await asyncio.wait_for(call(), max(timeout, 0.001))
 
     # -- encoding operations --------------------------------------------------------------------
 
