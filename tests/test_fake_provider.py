@@ -126,7 +126,7 @@ def test_gemini_counts_input_tokens_only() -> None:
 
 
 @pytest.mark.parametrize("profile", ["openai", "anthropic", "gemini"])
-def test_requests_per_day_is_a_period_quota_until_the_next_utc_day(profile: str) -> None:
+def test_requests_per_day_is_a_period_quota_until_the_next_day(profile: str) -> None:
     clock = FakeClock(datetime(2026, 1, 1, 22, 0, tzinfo=UTC))
     fake = make(clock, profile=profile, rpd=2)
     assert fake.respond(REQ).ok and fake.respond(REQ).ok
@@ -135,7 +135,7 @@ def test_requests_per_day_is_a_period_quota_until_the_next_utc_day(profile: str)
     signal = classify_response(refused, now=clock.now())
     assert signal.kind is Kind.PERIOD_QUOTA
     assert signal.dimension == "requests_per_day"
-    clock.advance(timedelta(hours=2, seconds=1).total_seconds())
+    clock.advance(timedelta(hours=24).total_seconds())
     assert fake.respond(REQ).ok
 
 
@@ -349,3 +349,73 @@ def test_asgi_app_in_process_on_virtual_time() -> None:
 
     asyncio.run(main())
     assert clock.sleeps == [0.25]  # the provider's latency, on virtual time
+
+
+def test_real_sdks_in_process_through_the_httpx2_asgi_transport() -> None:
+    """No socket at all: the SDKs' own httpx2 client, the app, a FakeClock."""
+    import anthropic
+    import httpx2
+    import openai
+
+    clock = FakeClock()
+    fake = FakeProvider(rpm=60, burst_seconds=1, latency=0.25, clock=clock)
+    messages = [{"role": "user", "content": "hi"}]
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(
+            base_url="http://fake/v1", api_key="fake", max_retries=0,
+            http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=fake)),
+        )
+        ok = await client.chat.completions.create(model="m", messages=messages,  # type: ignore[arg-type]
+                                                  max_tokens=3)
+        assert ok.usage is not None and ok.usage.completion_tokens == 3
+        with pytest.raises(openai.RateLimitError) as limited:
+            await client.chat.completions.create(model="m", messages=messages,  # type: ignore[arg-type]
+                                                 max_tokens=3)
+        assert limited.value.response.headers["x-ratelimit-limit-requests"] == "60"
+        other = anthropic.AsyncAnthropic(
+            base_url="http://fake", api_key="fake", max_retries=0,
+            http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=fake)),
+        )
+        clock.advance(10)
+        answer = await other.messages.create(model="m", max_tokens=3,
+                                             messages=messages)  # type: ignore[arg-type]
+        assert answer.usage.output_tokens == 3
+
+    asyncio.run(main())
+    assert clock.sleeps == [0.25, 0.25]
+    assert (fake.stats.attempts, fake.stats.served) == (3, 2)
+
+
+def test_gemini_day_quota_resets_at_pacific_midnight() -> None:
+    clock = FakeClock(datetime(2026, 1, 1, 7, 0, tzinfo=UTC))  # 23:00 in Los Angeles
+    fake = make(clock, profile="gemini", rpd=1)
+    assert fake.respond(REQ).ok
+    refused = fake.respond(REQ)
+    assert classify_response(refused, now=clock.now()).reset_at == datetime(
+        2026, 1, 1, 8, 0, tzinfo=UTC)
+    clock.advance(3600)  # 08:00 UTC: a new day in Los Angeles, not yet in UTC
+    assert fake.respond(REQ).ok
+
+
+@pytest.mark.parametrize("library", ["httpx", "httpx2"])
+def test_sync_mock_transport_handler(library: str) -> None:
+    import importlib
+
+    lib = importlib.import_module(library)
+    clock = FakeClock()
+    fake = FakeProvider(profile="anthropic", rpm=60, burst_seconds=1, latency=0.5,
+                        faults=[None, None, "reset"], clock=clock)
+    with lib.Client(transport=lib.MockTransport(fake.handler), base_url="http://fake") as client:
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        ok = client.post("/v1/messages", json=body)
+        assert ok.status_code == 200 and ok.json()["usage"]["output_tokens"] == 5
+        limited = client.post("/v1/messages", json=body)
+        assert limited.status_code == 429
+        assert classify_response(limited, now=clock.now()).kind is Kind.TEMPORARY
+        with pytest.raises(lib.ReadError):
+            client.post("/v1/messages", json=body)
+        assert client.get("/fake/stats").json()["attempts"] == 3
+        assert client.post("/v1/messages", content=b"[]").status_code == 400
+        assert client.get("/nowhere").status_code == 404
+    assert clock.sleeps == [0.5]

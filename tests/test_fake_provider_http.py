@@ -197,3 +197,15 @@ def test_cli_rejects_bad_options() -> None:
     )
     assert done.returncode == 2
     assert "NAME one of rate_limit" in done.stderr
+
+
+def test_a_fault_in_the_app_answers_500_instead_of_hanging(
+    server: FakeProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(server.provider, "_open", broken)
+    response = httpx.post(server.url + "/v1/messages", json={"max_tokens": 1}, timeout=10)
+    assert response.status_code == 500
+    assert response.text == "fake provider error: RuntimeError"

@@ -45,7 +45,8 @@ def policy() -> Policy:
 
 
 def make(clock: FakeClock, **spec: Any) -> tuple[Limiter, RateLoop]:
-    limiter = Limiter(limits={ROUTE.scope: LimitSpec(**spec)}, clock=clock)
+    # A whole minute's burst: these tests count what fits at once, not the default pacing.
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(**{"burst": 1.0, **spec})}, clock=clock)
     return limiter, RateLoop(policy(), limiter=limiter, clock=clock)
 
 
@@ -102,7 +103,8 @@ def test_a_throttle_pauses_the_scope_for_every_caller() -> None:
 
 
 def test_settle_refunds_unused_output_tokens(clock: FakeClock) -> None:
-    _, loop = make(clock, output_tokens_per_minute=1000)
+    # A provider that corrects max_tokens to the output produced (OpenAI keeps it).
+    _, loop = make(clock, output_tokens_per_minute=1000, profile="generic")
     fn = FaultScript([ok(completion_tokens=100)])
     for _ in range(3):
         out = loop.call(fn, route=ROUTE, cost=Cost(output_tokens=800))
@@ -120,7 +122,9 @@ def test_without_usage_the_reservation_is_kept(clock: FakeClock) -> None:
 
 
 def test_async_loop_admits_through_the_same_limiter(clock: FakeClock) -> None:
-    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=2)}, clock=clock)
+    limiter = Limiter(
+        limits={ROUTE.scope: LimitSpec(requests_per_minute=2, burst=1.0)}, clock=clock
+    )
     loop = AsyncRateLoop(policy(), limiter=limiter, clock=clock)
     fn = FaultScript([ok()])
 
@@ -134,7 +138,7 @@ def test_async_loop_admits_through_the_same_limiter(clock: FakeClock) -> None:
 def test_loop_with_redis_limiter_shares_capacity_across_loops(
     redis_url: str, redis_prefix: str
 ) -> None:
-    spec = {ROUTE.scope: LimitSpec(requests_per_minute=3)}
+    spec = {ROUTE.scope: LimitSpec(requests_per_minute=3, burst=1.0)}
     clocks = [FakeClock(), FakeClock()]
     loops = [
         RateLoop(
@@ -193,11 +197,11 @@ def test_limiter_from_policy_reads_admission_and_limits(
     pol = Policy.from_dict(
         {
             "admission": {"backend": redis_url, "on_unreachable": "local", "local_share": 0.5},
-            "limits": {ROUTE.scope: {"requests_per_minute": 2}},
+            "limits": {ROUTE.scope: {"requests_per_minute": 2, "burst": 1.0}},
         }
     )
     limiter = Limiter.from_policy(pol, prefix=redis_prefix, clock=clock)
-    assert limiter.limits_for(ROUTE.scope) == LimitSpec(requests_per_minute=2)
+    assert limiter.limits_for(ROUTE.scope) == LimitSpec(requests_per_minute=2, burst=1.0)
     assert "redis://" in repr(limiter)
     grants = [bool(limiter.try_reserve(ROUTE, Cost())) for _ in range(3)]
     assert grants == [True, True, False]
@@ -261,7 +265,7 @@ def test_provider_headers_reach_the_limiter(clock: FakeClock) -> None:
 
 
 def test_gemini_usage_settles_the_reservation(clock: FakeClock) -> None:
-    _, loop = make(clock, output_tokens_per_minute=1000)
+    _, loop = make(clock, output_tokens_per_minute=1000, profile="gemini")
     gemini = httpx.Response(
         200,
         json={"usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 50}},

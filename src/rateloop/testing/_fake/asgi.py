@@ -31,7 +31,7 @@ from rateloop.testing._fake.model import FakeRequest, FakeResponse
 if TYPE_CHECKING:
     from rateloop.testing._fake.provider import FakeProvider
 
-__all__ = ["parse_request", "serve_asgi"]
+__all__ = ["handle_httpx", "parse_request", "serve_asgi"]
 
 _GEMINI_PATH = re.compile(r"^/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)$")
 _MAX_BODY = 32 * 1024 * 1024
@@ -142,6 +142,44 @@ async def _send_response(send: Send, response: FakeResponse) -> None:
     for chunk in response.chunks:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
+
+
+def handle_httpx(provider: FakeProvider, request: Any) -> Any:
+    """Answer an httpx / httpx2 ``Request`` synchronously (for ``MockTransport``).
+
+    The response is built with the request's own library, so the same
+    handler serves ``httpx.MockTransport`` and ``httpx2.MockTransport``.  The
+    provider's latency passes on its clock with ``sleep``; a ``reset`` fault
+    raises the library's ``ReadError``.
+    """
+    import importlib
+
+    from rateloop.testing._fake.provider import describe
+
+    library = importlib.import_module(type(request).__module__.split(".")[0])
+    path = request.url.path
+    if path == "/fake/stats" and request.method == "GET":
+        return library.Response(200, json={**provider.stats.as_dict(),
+                                           "config": describe(provider)})
+    try:
+        body = json.loads(request.content) if request.content else {}
+        if not isinstance(body, Mapping):
+            raise ValueError("the request body must be a JSON object")
+        fake_request = (parse_request(path, dict(request.headers), body)
+                        if request.method == "POST" else None)
+    except ValueError as exc:
+        return library.Response(400, json={"error": {"message": f"invalid request: {exc}",
+                                                     "type": "invalid_request_error"}})
+    if fake_request is None:
+        return library.Response(404, json={"error": {
+            "message": f"no fake endpoint for {request.method} {path}",
+            "type": "invalid_request_error", "code": "not_found"}})
+    response = provider.respond(fake_request)
+    if response.reset:
+        raise library.ReadError("the fake provider reset the connection (a scripted fault)",
+                                request=request)
+    return library.Response(response.status_code, headers=response.headers,
+                            content=response.content)
 
 
 async def serve_asgi(provider: FakeProvider, scope: Any, receive: Receive, send: Send) -> None:

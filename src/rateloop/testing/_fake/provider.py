@@ -19,12 +19,15 @@ longest wait is named).  A refused request still spends a request slot when
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop._clock import Clock, system_clock
 from rateloop.route import Route
@@ -41,8 +44,6 @@ from rateloop.testing._fake.model import FAULTS, FakeRequest, FakeResponse, Fake
 from rateloop.testing.faults import FaultScript
 
 __all__ = ["FakeProvider"]
-
-_DAY = 86_400.0
 
 
 @dataclass(slots=True)
@@ -108,12 +109,6 @@ class FakeProvider:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if isinstance(output_ratio, bool) or not 0 <= output_ratio <= 1:
             raise ValueError(f"output_ratio must be a fraction 0..1, got {output_ratio!r}")
-        for name, p in (fault_rates or {}).items():
-            if name not in FAULTS:
-                raise ValueError(f"unknown fault {name!r} in fault_rates; allowed: "
-                                 f"{', '.join(FAULTS)}")
-            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1:
-                raise ValueError(f"fault_rates[{name!r}] must be a probability 0..1, got {p!r}")
         self.profile: Profile = profile
         self.limits = limits
         self.model = model
@@ -123,9 +118,10 @@ class FakeProvider:
         self.rejected_spends_request = rejected_spends_request
         self.clock = clock if clock is not None else system_clock
         self._script = self._as_script(faults)
-        self._rates = dict(fault_rates or {})
-        self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self._rates: dict[str, float] = {}
+        self.set_fault_rates(fault_rates)
+        self._rng = random.Random(seed)
         self.stats = FakeStats()
         self._spent = False
         self._day_index = -1
@@ -165,6 +161,16 @@ class FakeProvider:
 
         await serve_asgi(self, scope, receive, send)
 
+    def handler(self, request: Any) -> Any:
+        """A sync handler for ``httpx.MockTransport`` / ``httpx2.MockTransport``.
+
+        ``httpx.Client(transport=httpx.MockTransport(fake.handler))`` talks to
+        the fake in-process, without a socket or an event loop.
+        """
+        from rateloop.testing._fake.asgi import handle_httpx
+
+        return handle_httpx(self, request)
+
     # -- state the tests drive -------------------------------------------------------
 
     def exhaust_day(self) -> None:
@@ -177,6 +183,18 @@ class FakeProvider:
         """Refuse every request as out of credit (``False`` to refill the account)."""
         with self._lock:
             self._spent = exhausted
+
+    def set_fault_rates(self, fault_rates: Mapping[str, float] | None) -> None:
+        """Change the random faults from now on (an overload storm starts or ends)."""
+        rates = dict(fault_rates or {})
+        for name, p in rates.items():
+            if name not in FAULTS:
+                raise ValueError(f"unknown fault {name!r} in fault_rates; allowed: "
+                                 f"{', '.join(FAULTS)}")
+            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1:
+                raise ValueError(f"fault_rates[{name!r}] must be a probability 0..1, got {p!r}")
+        with self._lock:
+            self._rates = rates
 
     def reset(self) -> None:
         """Full buckets, a new day, empty counters (the configuration is kept)."""
@@ -211,12 +229,21 @@ class FakeProvider:
         return self._close(ticket)
 
     def _roll_day(self) -> float:
-        """Move to the current UTC day; the seconds left in it."""
-        wall = self.clock.now().timestamp()
-        index = int(wall // _DAY)
+        """Move to the provider's current day; the seconds left in it.
+
+        OpenAI and Anthropic days are UTC days; Gemini's reset at midnight
+        Pacific time (as ``rateloop.classify`` expects).
+        """
+        now = self.clock.now()
+        if self.profile == "gemini":
+            # Without a tz database the day stays the UTC day.
+            with contextlib.suppress(ZoneInfoNotFoundError, ValueError):
+                now = now.astimezone(ZoneInfo("America/Los_Angeles"))
+        index = now.date().toordinal()
         if index != self._day_index:
             self._day_index, self._day_count, self._day_exhausted = index, 0, False
-        return (index + 1) * _DAY - wall
+        midnight = datetime.combine(now.date() + timedelta(days=1), time(), tzinfo=now.tzinfo)
+        return (midnight - now).total_seconds()
 
     def _next_fault(self) -> str | Slow | None:
         if self._script is not None:

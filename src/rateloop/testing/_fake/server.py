@@ -114,6 +114,7 @@ async def _run_app(
              "server": ("127.0.0.1", 0)}
     sent_body = False
     chunked = False
+    started = False
 
     async def receive() -> dict[str, Any]:
         nonlocal sent_body
@@ -123,8 +124,9 @@ async def _run_app(
         return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
-        nonlocal chunked
+        nonlocal chunked, started
         if message["type"] == "http.response.start":
+            started = True
             status = message["status"]
             out = [f"HTTP/1.1 {status} {_reason(status)}\r\n".encode()]
             names = set()
@@ -151,6 +153,14 @@ async def _run_app(
         await provider(scope, receive, send)
     except ConnectionResetError:
         _rst(writer)
+        return False
+    except Exception as exc:  # a bug in the fake must not hang the client
+        if not started:
+            body = f"fake provider error: {type(exc).__name__}".encode()
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+                         b"connection: close\r\ncontent-length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
         return False
     await writer.drain()
     return True
