@@ -26,7 +26,6 @@ TIMEOUT_SECS = 60
 #: Pages other helpers own whose blocks still use placeholders on main (strict: when a
 #: page is fixed, its entry must go, so the list never hides a page that runs).
 KNOWN_FAILING: dict[str, str] = {
-    "docs/admission.md": "placeholder call_the_model() (owned by the admission page)",
 }
 
 # Runs in the child: execute every block of one page in one namespace.
