@@ -78,33 +78,44 @@ def commandstats(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for v in stats.values())
 
 
-def measure(
-    name: str,
-    backend: str,
-    dims: int,
-    admit: Callable[[], object],
-    n: int,
-    rclient: redis.Redis | None,
-    repeat: int,
-) -> Result:
-    """The best of ``repeat`` runs of ``n`` admissions (as timeit does: noise only slows)."""
-    for _ in range(min(200, n)):  # warm up: connections, script loads, caches
-        admit()
-    best = 0.0
-    trips = commands = None
-    for _ in range(repeat):
-        before = commandstats(rclient) if rclient is not None else 0
-        writes = CountingConnection.writes
-        start = time.perf_counter()
-        for _ in range(n):
+Case = tuple[str, str, int, Callable[[], object]]  # name, backend, dims, admit
+
+
+def measure_all(
+    cases: list[Case], n: int, rclient: redis.Redis | None, repeat: int
+) -> list[Result]:
+    """The best of ``repeat`` runs of ``n`` admissions per case, the cases interleaved.
+
+    Each round runs every case once, in a rotated order, so a slow spell of a
+    shared machine hits all cases alike instead of whichever ran then; the
+    best run counts (as timeit does: noise only slows).
+    """
+    for _, _, _, admit in cases:
+        for _ in range(min(200, n)):  # warm up: connections, script loads, caches
             admit()
-        elapsed = time.perf_counter() - start
-        best = max(best, n / elapsed)
-        if rclient is not None:
-            trips = (CountingConnection.writes - writes) / n
-            # minus the INFO call made to read the counters
-            commands = (commandstats(rclient) - before - 1) / n
-    return Result(name, backend, dims, best, trips, commands)
+    best = [0.0] * len(cases)
+    trips: list[float | None] = [None] * len(cases)
+    commands: list[float | None] = [None] * len(cases)
+    for round_ in range(repeat):
+        order = list(range(len(cases)))
+        order = order[round_ % len(order) :] + order[: round_ % len(order)]
+        for i in order:
+            admit = cases[i][3]
+            before = commandstats(rclient) if rclient is not None else 0
+            writes = CountingConnection.writes
+            start = time.perf_counter()
+            for _ in range(n):
+                admit()
+            elapsed = time.perf_counter() - start
+            best[i] = max(best[i], n / elapsed)
+            if rclient is not None:
+                trips[i] = (CountingConnection.writes - writes) / n
+                # minus the INFO call made to read the counters
+                commands[i] = (commandstats(rclient) - before - 1) / n
+    return [
+        Result(name, backend, dims, best[i], trips[i], commands[i])
+        for i, (name, backend, dims, _) in enumerate(cases)
+    ]
 
 
 # -- rateloop ----------------------------------------------------------------------------------
@@ -307,7 +318,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000, help="admissions per memory case")
     parser.add_argument("--n-redis", type=int, default=5_000, help="admissions per Redis case")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best counts")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="rounds over the cases; each case's best counts"
+    )
     parser.add_argument(
         "--backends",
         default="memory,redis",
@@ -330,20 +343,22 @@ def main() -> None:
     compare = not args.paths_only
     if "memory" in backends:
         for dims in (1, 3) if compare else ():
-            for name, admit in memory_cases(dims, prefix):
-                results.append(measure(name, "memory", dims, admit, args.n, None, args.repeat))
-        for name, admit in path_cases("memory://", prefix):
-            paths.append(measure(name, "memory", 9, admit, args.n, None, args.repeat))
+            cases = [(name, "memory", dims, f) for name, f in memory_cases(dims, prefix)]
+            results += measure_all(cases, args.n, None, args.repeat)
+        cases = [(name, "memory", 9, f) for name, f in path_cases("memory://", prefix)]
+        paths += measure_all(cases, args.n, None, args.repeat)
     if "redis" in backends:
         rclient = redis.Redis.from_url(args.redis)  # for INFO and cleanup: not counted
         try:
             for dims in (1, 3) if compare else ():
-                for name, admit in redis_cases(args.redis, dims, prefix):
-                    results.append(
-                        measure(name, "redis", dims, admit, args.n_redis, rclient, args.repeat)
-                    )
-            for name, admit in path_cases(args.redis, f"{prefix}paths:"):
-                paths.append(measure(name, "redis", 9, admit, args.n_redis, rclient, args.repeat))
+                cases = [
+                    (name, "redis", dims, f) for name, f in redis_cases(args.redis, dims, prefix)
+                ]
+                results += measure_all(cases, args.n_redis, rclient, args.repeat)
+            cases = [
+                (name, "redis", 9, f) for name, f in path_cases(args.redis, f"{prefix}paths:")
+            ]
+            paths += measure_all(cases, args.n_redis, rclient, args.repeat)
         finally:
             keys = list(rclient.scan_iter(match=f"{prefix}*", count=1000))
             keys += list(rclient.scan_iter(match=f"*{prefix}*", count=1000))

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from _redis_server import redis_server
 from rateloop.admission.backend import BackendUnreachable, registered_schemes
 from rateloop.admission.limiter import LOCAL_RETRY_SECONDS, Limiter
 from rateloop.admission.memory import MemoryBackend
@@ -24,8 +25,18 @@ from rateloop.errors import BackendError, ConfigError
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
 
+
+def minute_spec(**fields: Any) -> LimitSpec:
+    """A LimitSpec holding a whole minute (``burst = 1``), refunding unused output.
+
+    These tests check the arithmetic; the default pacing (one second of the
+    rate) and the providers' accounting profiles have their own tests.
+    """
+    return LimitSpec(**{"burst": 1.0, "profile": "generic", **fields})
+
+
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
-LIMITS = {"openai:gpt-5": LimitSpec(requests_per_minute=10, concurrency=4)}
+LIMITS = {"openai:gpt-5": minute_spec(requests_per_minute=10, concurrency=4)}
 NOWHERE = "redis://:s3cret@127.0.0.1:1/0"  # nothing listens on port 1
 
 
@@ -80,6 +91,11 @@ def test_unreachable_redis_falls_back_to_a_local_share() -> None:
         local_share=0.5,
         socket_timeout=0.2,
     )
+    # The local limiter starts full: the process does not know what the others admitted
+    # just before, so it goes at its share of the rate (5 a minute), not with a burst.
+    first = limiter.try_reserve(ROUTE, Cost())
+    assert not first and first.retry_after == pytest.approx(12.0)
+    clock.advance(60.0)
     granted = []
     while isinstance(r := limiter.try_reserve(ROUTE, Cost()), Reservation):
         granted.append(r)
@@ -107,23 +123,26 @@ class CountingConnection(redis.Connection):
         super().send_command(*args, **kwargs)
 
 
+COUNTED_LIMITS = {
+    "openai:gpt-5": minute_spec(requests_per_minute=10_000, tokens_per_minute=10**7),
+    "openai:gpt-5:proj-1": minute_spec(
+        input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
+    ),
+}
+
+
 @pytest.fixture
 def counting_limiter(redis_url: str, redis_prefix: str) -> Iterator[Limiter]:
-    limits = {
-        "openai:gpt-5": LimitSpec(requests_per_minute=10_000, tokens_per_minute=10**7),
-        "openai:gpt-5:proj-1": LimitSpec(
-            input_tokens_per_minute=10**7, requests_per_day=10**6, concurrency=500
-        ),
-    }
     limiter = Limiter.from_url(
-        redis_url, prefix=redis_prefix, limits=limits, connection_class=CountingConnection
+        redis_url, prefix=redis_prefix, limits=COUNTED_LIMITS, connection_class=CountingConnection
     )
     yield limiter
     limiter.close()
 
 
 def test_redis_admission_is_exactly_one_evalsha(counting_limiter: Limiter) -> None:
-    counting_limiter.try_reserve(ROUTE, Cost())  # warm-up: the script may be loaded once
+    # Warm-up: each script may have to be loaded once into the server's cache.
+    counting_limiter.try_reserve(ROUTE, Cost()).settle(0, 0)  # type: ignore[union-attr]
     CountingConnection.sent.clear()
     held = [counting_limiter.try_reserve(ROUTE, Cost(input_tokens=10)) for _ in range(50)]
     assert CountingConnection.sent == ["EVALSHA"] * 50
@@ -134,27 +153,66 @@ def test_redis_admission_is_exactly_one_evalsha(counting_limiter: Limiter) -> No
     assert CountingConnection.sent == ["EVALSHA"] * 50
 
 
+def without_handshake(sent: list[str]) -> list[str]:
+    """The commands sent, minus a new connection's handshake (HELLO, CLIENT SETINFO, ...)."""
+    return [c for c in sent if c not in ("HELLO", "CLIENT", "SELECT", "AUTH")]
+
+
+def test_fresh_redis_loads_each_script_once_then_one_evalsha() -> None:
+    """On a server whose script cache is empty (a freshly started one, started here)."""
+    with redis_server() as port:
+        limiter = Limiter.from_url(
+            f"redis://127.0.0.1:{port}/0",
+            limits=COUNTED_LIMITS,
+            connection_class=CountingConnection,
+            socket_timeout=5.0,
+        )
+        try:
+            CountingConnection.sent.clear()
+            first = limiter.try_reserve(ROUTE, Cost(input_tokens=10))
+            assert isinstance(first, Reservation)
+            # The connection's handshake, then: not in the cache yet, so one EVALSHA
+            # fails with NOSCRIPT and the script goes once with EVAL (which caches it).
+            assert without_handshake(CountingConnection.sent) == ["EVALSHA", "EVAL"]
+            CountingConnection.sent.clear()
+            held = [limiter.try_reserve(ROUTE, Cost(input_tokens=10)) for _ in range(20)]
+            assert CountingConnection.sent == ["EVALSHA"] * 20
+            CountingConnection.sent.clear()
+            first.settle(5, 1)  # the settle script is loaded on its first use
+            assert CountingConnection.sent == ["EVALSHA", "EVAL"]
+            CountingConnection.sent.clear()
+            for r in held:
+                assert isinstance(r, Reservation)
+                r.settle(5, 1)
+            assert CountingConnection.sent == ["EVALSHA"] * 20
+        finally:
+            limiter.close()
+
+
 def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -> None:
     limiter = Limiter.from_url(
         redis_url,
         prefix=redis_prefix,
-        limits={"openai:gpt-5": LimitSpec(requests_per_minute=60, concurrency=2)},
+        limits={"openai:gpt-5": minute_spec(requests_per_minute=60, concurrency=2)},
     )
     r = limiter.try_reserve(ROUTE, Cost())
     assert isinstance(r, Reservation)
     limiter.pause("openai:gpt-5:proj-1", 5.0, "test")
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
+        tag = f"{redis_prefix}{{openai:gpt-5}}"  # every key of the route in one cluster slot
         keys = sorted(client.scan_iter(match=f"{redis_prefix}*"))
         assert keys == [
-            f"{redis_prefix}l:openai:gpt-5",
-            f"{redis_prefix}p:openai:gpt-5:proj-1",
-            f"{redis_prefix}s:openai:gpt-5",
+            f"{tag}:l:openai:gpt-5",
+            f"{tag}:s:openai:gpt-5",
+            f"{tag}:s:openai:gpt-5:proj-1",  # the paused scope: the pause is in its state
         ]
-        ttls = {k.removeprefix(redis_prefix)[0]: client.pttl(k) for k in keys}
-        assert 0 < ttls["s"] <= 2_000 + 1_000  # one request drains in 1 s (+1 s margin)
-        assert 0 < ttls["l"] <= 600_000 + 1_000  # the lease TTL
-        assert 0 < ttls["p"] <= 5_001
+        ttls = [client.pttl(k) for k in keys]
+        # One request drains in 1 s; the TTL is set with a minute of slack (so most
+        # admissions need no PEXPIRE), the lease set to the lease TTL, the pause to its end.
+        assert 0 < ttls[1] <= (1 + 1 + 60) * 1_000 + 1
+        assert 0 < ttls[0] <= 600_000 + 1_000
+        assert 5_000 < ttls[2] <= (5 + 1 + 60) * 1_000 + 1
     finally:
         client.close()
         limiter.close()
@@ -228,7 +286,7 @@ def proxy(redis_url: str) -> Iterator[SwitchableProxy]:
 def test_shared_reservation_settles_on_redis_during_the_local_window(
     proxy: SwitchableProxy, redis_url: str, redis_prefix: str
 ) -> None:
-    limits = {"openai:gpt-5": LimitSpec(concurrency=2, output_tokens_per_minute=1_000)}
+    limits = {"openai:gpt-5": minute_spec(concurrency=2, output_tokens_per_minute=1_000)}
     limiter = Limiter.from_url(
         f"redis://127.0.0.1:{proxy.port}/{urlsplit(redis_url).path.strip('/') or 0}",
         prefix=redis_prefix,
@@ -237,7 +295,8 @@ def test_shared_reservation_settles_on_redis_during_the_local_window(
         socket_timeout=1.0,
     )
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    leases, state = f"{redis_prefix}l:openai:gpt-5", f"{redis_prefix}s:openai:gpt-5"
+    tag = f"{redis_prefix}{{openai:gpt-5}}"
+    leases, state = f"{tag}:l:openai:gpt-5", f"{tag}:s:openai:gpt-5"
     try:
         shared = [limiter.try_reserve(ROUTE, Cost(output_tokens=400)) for _ in range(2)]
         assert all(isinstance(r, Reservation) and not r.local for r in shared)
@@ -295,10 +354,10 @@ def test_async_clients_of_many_loops_in_many_threads(redis_url: str) -> None:
 def test_redis_lease_expires_at_granted_at_plus_ttl_and_expired_leases_free_the_slot(
     redis_url: str, redis_prefix: str
 ) -> None:
-    spec = LimitSpec(concurrency=1, lease_ttl_secs=37)
+    spec = minute_spec(concurrency=1, lease_ttl_secs=37)
     limiter = Limiter.from_url(redis_url, prefix=redis_prefix, limits={"openai:gpt-5": spec})
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    leases = f"{redis_prefix}l:openai:gpt-5"
+    leases = f"{redis_prefix}{{openai:gpt-5}}:l:openai:gpt-5"
     try:
         r = limiter.try_reserve(ROUTE, Cost())
         assert isinstance(r, Reservation) and r.lease_id is not None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
+from rateloop.admission.gcra import AIMD
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import Priority
@@ -22,6 +24,16 @@ from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 from rateloop.testing import FakeClock
 
+
+def minute_spec(**fields: Any) -> LimitSpec:
+    """A LimitSpec holding a whole minute (``burst = 1``), refunding unused output.
+
+    These tests check the arithmetic; the default pacing (one second of the
+    rate) and the providers' accounting profiles have their own tests.
+    """
+    return LimitSpec(**{"burst": 1.0, "profile": "generic", **fields})
+
+
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1", tenant="t-7")
 
 
@@ -30,7 +42,7 @@ def make(clock: FakeClock, **limits: LimitSpec) -> Limiter:
 
 
 def test_requests_per_minute_refill_continuously(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=60)})
     for _ in range(60):
         assert isinstance(limiter.try_reserve(ROUTE, Cost()), Reservation)
     denied = limiter.try_reserve(ROUTE, Cost())
@@ -50,7 +62,7 @@ def test_requests_per_minute_refill_continuously(clock: FakeClock) -> None:
 def test_reserve_waits_on_the_clock_until_every_dimension_fits(clock: FakeClock) -> None:
     limiter = make(
         clock,
-        **{"openai:gpt-5": LimitSpec(requests_per_minute=600, input_tokens_per_minute=6_000)},
+        **{"openai:gpt-5": minute_spec(requests_per_minute=600, input_tokens_per_minute=6_000)},
     )
     cost = Cost(input_tokens=3_000)
     limiter.reserve(ROUTE, cost)
@@ -63,7 +75,7 @@ def test_reserve_waits_on_the_clock_until_every_dimension_fits(clock: FakeClock)
 def test_reserve_raises_admission_timeout_without_waiting_past_the_deadline(
     clock: FakeClock,
 ) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=6)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=6)})
     for _ in range(6):
         limiter.reserve(ROUTE, Cost())
     with pytest.raises(AdmissionTimeout) as info:
@@ -75,23 +87,38 @@ def test_reserve_raises_admission_timeout_without_waiting_past_the_deadline(
     assert err.status == "waiting_for_capacity"
 
 
-def test_cost_larger_than_the_burst_never_fits(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(input_tokens_per_minute=1_000, burst=0.5)})
-    denied = limiter.try_reserve(ROUTE, Cost(input_tokens=501))
+def test_cost_larger_than_the_limit_never_fits(clock: FakeClock) -> None:
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(input_tokens_per_minute=1_000, burst=0.5)})
+    denied = limiter.try_reserve(ROUTE, Cost(input_tokens=1_001))
     assert isinstance(denied, Denied)
-    assert denied.never_fits
+    assert denied.never_fits and "limit of 1000" in denied.reason
     assert denied.dimension is Dimension.INPUT_TOKENS
     with pytest.raises(AdmissionRejected):
-        limiter.reserve(ROUTE, Cost(input_tokens=501))
-    assert isinstance(limiter.try_reserve(ROUTE, Cost(input_tokens=500)), Reservation)
+        limiter.reserve(ROUTE, Cost(input_tokens=1_001))
+
+
+def test_cost_larger_than_the_burst_waits_for_an_idle_bucket(clock: FakeClock) -> None:
+    """As a provider admits a big request from a full bucket: slow, not impossible."""
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(input_tokens_per_minute=1_000, burst=0.5)})
+    first = limiter.try_reserve(ROUTE, Cost(input_tokens=100))
+    assert isinstance(first, Reservation)
+    big = limiter.try_reserve(ROUTE, Cost(input_tokens=900))  # > the 500 burst
+    assert isinstance(big, Denied) and not big.never_fits
+    assert big.retry_after == pytest.approx(100 / (1_000 / 60))  # until the bucket is idle
+    clock.advance(big.retry_after)
+    assert isinstance(limiter.try_reserve(ROUTE, Cost(input_tokens=900)), Reservation)
+    # It left the bucket in debt: 900 drain before even a small call fits again.
+    small = limiter.try_reserve(ROUTE, Cost(input_tokens=1))
+    assert isinstance(small, Denied)
+    assert small.retry_after == pytest.approx((900 + 1 - 500) / (1_000 / 60))
 
 
 def test_admission_is_atomic_across_scopes(clock: FakeClock) -> None:
     limiter = make(
         clock,
         **{
-            "openai:gpt-5": LimitSpec(requests_per_minute=100),
-            "openai:gpt-5:proj-1:t-7": LimitSpec(requests_per_minute=1),
+            "openai:gpt-5": minute_spec(requests_per_minute=100),
+            "openai:gpt-5:proj-1:t-7": minute_spec(requests_per_minute=1),
         },
     )
     assert limiter.try_reserve(ROUTE, Cost())
@@ -106,7 +133,7 @@ def test_admission_is_atomic_across_scopes(clock: FakeClock) -> None:
 
 
 def test_settle_refunds_unused_tokens_and_charges_overuse(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(output_tokens_per_minute=1_000)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(output_tokens_per_minute=1_000)})
     first = limiter.try_reserve(ROUTE, Cost(output_tokens=800))
     assert isinstance(first, Reservation)
     assert not limiter.try_reserve(ROUTE, Cost(output_tokens=800))
@@ -126,7 +153,7 @@ def test_settle_refunds_unused_tokens_and_charges_overuse(clock: FakeClock) -> N
 def test_release_returns_tokens_but_keeps_the_request(clock: FakeClock) -> None:
     limiter = make(
         clock,
-        **{"openai:gpt-5": LimitSpec(requests_per_minute=2, tokens_per_minute=1_000)},
+        **{"openai:gpt-5": minute_spec(requests_per_minute=2, tokens_per_minute=1_000)},
     )
     r = limiter.try_reserve(ROUTE, Cost(input_tokens=900))
     assert isinstance(r, Reservation)
@@ -139,7 +166,7 @@ def test_release_returns_tokens_but_keeps_the_request(clock: FakeClock) -> None:
 
 
 def test_concurrency_leases_are_released_and_expire(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(concurrency=2, lease_ttl_secs=30)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(concurrency=2, lease_ttl_secs=30)})
     a = limiter.try_reserve(ROUTE, Cost())
     b = limiter.try_reserve(ROUTE, Cost())
     assert isinstance(a, Reservation) and isinstance(b, Reservation)
@@ -162,7 +189,7 @@ def test_expired_leases_are_swept_when_the_slots_fill(clock: FakeClock) -> None:
     stops counting at its expiry, and the backend keeps no more of them than
     the slots plus those granted since the last sweep.
     """
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(concurrency=3, lease_ttl_secs=10)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(concurrency=3, lease_ttl_secs=10)})
     granted = 0
     for _ in range(60):
         r = limiter.try_reserve(ROUTE, Cost())
@@ -181,7 +208,7 @@ def test_expired_leases_are_swept_when_the_slots_fill(clock: FakeClock) -> None:
 
 def test_priority_given_as_str_or_enum_admits_the_same(clock: FakeClock) -> None:
     limiter = make(
-        clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=10, burst=1.0, reserve=0.1)}
+        clock, **{"openai:gpt-5": minute_spec(requests_per_minute=10, burst=1.0, reserve=0.1)}
     )
     cost = Cost()
     for priority in ("background", Priority.BACKGROUND) * 4:  # the same call, twice as fast
@@ -198,7 +225,9 @@ def test_fixed_day_window_resets_at_the_configured_utc_time() -> None:
     from datetime import UTC, datetime
 
     clock = FakeClock(datetime(2026, 1, 1, 5, 0, tzinfo=UTC))
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_day=2, day_resets_at="06:00")})
+    limiter = make(
+        clock, **{"openai:gpt-5": minute_spec(requests_per_day=2, day_resets_at="06:00")}
+    )
     assert limiter.try_reserve(ROUTE, Cost())
     assert limiter.try_reserve(ROUTE, Cost())
     denied = limiter.try_reserve(ROUTE, Cost())
@@ -210,7 +239,7 @@ def test_fixed_day_window_resets_at_the_configured_utc_time() -> None:
 
 
 def test_async_twins_share_the_flow(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60, concurrency=5)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=60, concurrency=5)})
 
     async def main() -> None:
         held = [await limiter.areserve(ROUTE, Cost()) for _ in range(5)]
@@ -234,7 +263,7 @@ def test_unlimited_route_is_admitted(clock: FakeClock) -> None:
 def test_memory_backend_is_safe_across_threads(clock: FakeClock) -> None:
     import threading
 
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=500, concurrency=300)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=500, concurrency=300)})
     granted: list[Reservation] = []
     lock = threading.Lock()
 
@@ -255,7 +284,7 @@ def test_memory_backend_is_safe_across_threads(clock: FakeClock) -> None:
 
 
 def test_pause_until_a_datetime_and_reserve_wakes_with_a_spread(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=60)})
     limiter.pause("openai:gpt-5:proj-1", clock.now() + timedelta(seconds=20), "429 from provider")
     r = limiter.reserve(ROUTE, Cost())
     assert isinstance(r, Reservation)
@@ -270,7 +299,11 @@ def test_pause_until_a_datetime_and_reserve_wakes_with_a_spread(clock: FakeClock
 
 
 def test_rate_lowered_by_a_429_recovers_additively(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=60)})
+    limiter = Limiter(
+        limits={"openai:gpt-5": minute_spec(requests_per_minute=60)},
+        clock=clock,
+        aimd=AIMD(recover_per_minute=0.1),  # slow, to see the additive increase
+    )
     from rateloop.signal import Kind, LimitSignal
 
     limiter.observe("openai:gpt-5", LimitSignal.of(Kind.TEMPORARY, status=429))
@@ -297,7 +330,7 @@ def test_rate_lowered_by_a_429_recovers_additively(clock: FakeClock) -> None:
 
 
 def test_settle_rejects_bad_usage(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(tokens_per_minute=100)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(tokens_per_minute=100)})
     r = limiter.try_reserve(ROUTE, Cost(input_tokens=10))
     assert isinstance(r, Reservation)
     with pytest.raises(ValueError, match="input_tokens must be an int >= 0, got -1"):
@@ -309,13 +342,13 @@ def test_settle_rejects_bad_usage(clock: FakeClock) -> None:
 
 
 def test_set_limits_takes_effect_for_the_next_call(clock: FakeClock) -> None:
-    limiter = make(clock, **{"openai:gpt-5": LimitSpec(requests_per_minute=1)})
+    limiter = make(clock, **{"openai:gpt-5": minute_spec(requests_per_minute=1)})
     assert limiter.try_reserve(ROUTE, Cost())
     assert not limiter.try_reserve(ROUTE, Cost())
     limiter.set_limits("openai:gpt-5", None)
     assert limiter.try_reserve(ROUTE, Cost())
     with pytest.raises(ValueError, match="non-empty"):
-        limiter.set_limits("", LimitSpec())
+        limiter.set_limits("", minute_spec())
     assert "memory://" in repr(limiter)
 
 
@@ -376,7 +409,7 @@ def test_groq_daily_remaining_tightens_requests_per_day(clock: FakeClock) -> Non
 
 
 def test_reserve_takes_a_datetime_deadline_too(clock: FakeClock) -> None:
-    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1)}, clock=clock)
+    limiter = Limiter(limits={ROUTE.scope: minute_spec(requests_per_minute=1)}, clock=clock)
     limiter.try_reserve(ROUTE, Cost())
     with pytest.raises(AdmissionTimeout):
         limiter.reserve(ROUTE, Cost(), deadline=clock.now() + timedelta(seconds=5))

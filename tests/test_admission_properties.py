@@ -115,13 +115,18 @@ def test_limiter_memory_backend_respects_the_bound(
         clock.advance(dt)
         r = limiter.try_reserve(route, Cost(input_tokens=amount))
         if isinstance(r, Denied):
-            assert r.never_fits == (amount > capacity)
+            # Only a cost above the limit itself never fits; one above the burst waits
+            # for an idle bucket and then goes.
+            assert r.never_fits == (amount > max(per_minute, capacity))
             continue
         used = int(amount * settle_fraction)
         # Settled at once: what counts is the usage, a refund is given back now.
         r.settle(used, 0)
         grants.append((clock.monotonic(), float(used)))
-    assert worst_window_excess(grants, capacity, per_minute / 60.0) <= EPS
+    # A call larger than the burst goes from an idle bucket and leaves it in debt, so
+    # the level stays below the larger of the capacity and the largest call.
+    largest = max((amount for _, amount in grants), default=0.0)
+    assert worst_window_excess(grants, max(capacity, largest), per_minute / 60.0) <= EPS
 
 
 @given(

@@ -33,6 +33,20 @@ def test_docs_list_every_reset_field_kind_and_provider() -> None:
     assert missing == []
 
 
+def test_docs_list_every_agent_message_and_trap_the_corpus_recognises() -> None:
+    """Each ``matched`` phrase of the agent and trap fixtures appears in the docs page."""
+    import yaml
+
+    fixtures = Path(__file__).parent / "fixtures" / "classify"
+    missing = set()
+    for path in [*fixtures.glob("agents_*.yaml"), fixtures / "traps.yaml"]:
+        for case in yaml.safe_load(path.read_text(encoding="utf-8"))["cases"]:
+            matched = case["expect"].get("matched")
+            if matched and not matched.isdigit() and matched not in DOC:
+                missing.add(matched)
+    assert sorted(missing) == []
+
+
 def test_detect_provider_from_headers_and_body() -> None:
     assert detect_provider({"Anthropic-Ratelimit-Requests-Limit": "50"}, None) == "anthropic"
     assert detect_provider([("X-Amzn-ErrorType", "ThrottlingException:x")], b"") == "bedrock"

@@ -21,7 +21,7 @@ runner = CliRunner()
 
 
 def _run(*args: str, stdin: str | None = None) -> tuple[int, dict[str, object] | str]:
-    result = runner.invoke(app, ["classify", *args], input=stdin)
+    result = runner.invoke(app, ["classify", "--json", *args], input=stdin)
     if result.exit_code == 0:
         return result.exit_code, json.loads(result.stdout)
     return result.exit_code, result.output
@@ -36,7 +36,9 @@ def test_readme_demo_in_a_real_subprocess() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stderr
-    signal = json.loads(done.stdout)
+    first, rest = done.stdout.split("\n", 1)
+    assert first == "spend: billing — a person must add credit; retrying will not help"
+    signal = json.loads(rest)
     assert (signal["kind"], signal["retryable"], signal["status"], signal["provider"]) == (
         "spend", False, 429, "openai"
     )
@@ -57,6 +59,8 @@ def test_readme_demo_in_a_real_subprocess() -> None:
         ("openai-rate-limit.http", "temporary", True),
         ("anthropic-overloaded-529.http", "overload", True),
         ("gemini-daily-quota.http", "period_quota", False),
+        ("groq-request-too-large.http", "invalid", False),
+        ("minimax-200-rate-limit.http", "temporary", True),
     ],
 )
 def test_bundled_http_examples(example: str, kind: str, retryable: bool) -> None:
@@ -79,6 +83,23 @@ def test_claude_usage_example_prints_reset_at_in_iso_8601() -> None:
     assert (code, signal["kind"], signal["reset_at"]) == (
         0, "period_quota", "2026-01-01T00:00:00+00:00"
     )
+
+
+@pytest.mark.parametrize(
+    ("example", "kind", "provider"),
+    [
+        ("claude-hit-your-limit.txt", "period_quota", "anthropic"),
+        ("codex-usage-limit.txt", "period_quota", "openai"),
+        ("gemini-capacity.txt", "period_quota", "google"),
+        ("copilot-rate-limit.txt", "temporary", "github"),
+    ],
+)
+def test_bundled_agent_examples(example: str, kind: str, provider: str) -> None:
+    code, signal = _run("--text", "--exit-code", "1", str(EXAMPLES / example))
+    assert isinstance(signal, dict)
+    assert (code, signal["kind"], signal["provider"]) == (0, kind, provider)
+    if kind == "period_quota":
+        assert signal["reset_at"] is not None
 
 
 def test_text_exit_code_zero_is_ok() -> None:
@@ -151,6 +172,39 @@ def test_bom_utf16_lowercase_and_redirect_bodies_are_read(tmp_path: Path) -> Non
     ):
         path = tmp_path / name
         path.write_bytes(data)
-        out = CliRunner().invoke(app, ["classify", str(path)])
+        out = CliRunner().invoke(app, ["classify", "--json", str(path)])
         assert out.exit_code == 0, out.output
         assert json.loads(out.stdout)["retry_after"] == 7.0
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "line"),
+    [
+        ([], "HTTP/1.1 429 Too Many Requests\nretry-after: 20\n\n",
+         "temporary: a short throttle — wait at least 20 s and retry"),
+        (["--text"], "Claude AI usage limit reached|1767312000",
+         "period_quota: an allowance for a period (hours, a day, a month) is spent — it "
+         "returns at 2026-01-02T00:00:00+00:00; waiting minutes will not help"),
+        (["--text"], "Error: HTTP 429 Too Many Requests",
+         "temporary: a short throttle — back off briefly and retry"),
+        (["--text"], "Invalid API key · Please run /login",
+         "permission: the key or account was refused — fix the credentials; "
+         "retrying will not help"),
+        (["--text"], "API Error: 529 Overloaded",
+         "overload: the provider is overloaded — retry later or fall back"),
+        (["--text"], "panic: index out of bounds",
+         "unknown: not recognised — surfaced as it is, not retried"),
+    ],
+)
+def test_a_meaning_line_comes_above_the_json(args: list[str], stdin: str, line: str) -> None:
+    result = runner.invoke(app, ["classify", *args, "-"], input=stdin)
+    assert result.exit_code == 0, result.output
+    first, rest = result.stdout.split("\n", 1)
+    assert first == line
+    assert json.loads(rest)["kind"] == line.split(":", 1)[0]
+
+
+def test_json_prints_the_bare_json() -> None:
+    result = runner.invoke(app, ["classify", "--json", "-"], input="HTTP/1.1 402 X\n\n")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kind"] == "spend"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,7 +42,8 @@ JSON_KEYS = st.sampled_from(
     ["error", "message", "type", "code", "status", "details", "violations", "quotaId",
      "retryDelay", "@type", "retry_after", "retryAfter", "retry_after_ms", "reset_at",
      "resetAt", "reset_time", "resets_in_seconds", "retry_after_seconds", "metadata",
-     "headers", "__type", "ok", "request_id"]
+     "headers", "__type", "ok", "request_id", "base_resp", "status_code", "status_msg",
+     "resets_at", "http_code"]
 ) | st.text(max_size=10)
 JSON = st.recursive(
     JSON_LEAF,
@@ -104,17 +105,23 @@ def test_classify_never_raises_and_bounds_waits(
              "(Not/A_Zone)", "(America/New_York)", "usage limit reached|", "99999999999999",
              "You've hit your usage limit", "1e308 days", "9" * 50, " seconds", "quota exceeded "
              "for quota metric 'x' and limit 'y per day'", "try again at Feb 31st, 2026 25:61 PM",
-             "Claude AI usage limit reached|", "-", " "]
+             "Claude AI usage limit reached|", "-", " ", "You've hit your limit · resets ",
+             "Jan 30, ", "11:30am ", "(asia/calcutta)", " at 9pm", "API Error (429 ",
+             ") · Retrying in 5 seconds… (attempt 1/10)", "try again at 3:28 PM",
+             "reset after 3h12m5s", "Limit 30000, Requested 45000", "\x1b]8;;", "\x07",
+             "reached your daily ", "quota limit", "\"resets_in_seconds\": ", "usage_limit_reached"]
         ),
         max_size=12,
     ).map("".join),
     exit_code=st.none() | st.integers(min_value=-300, max_value=300),
     now=NOWS,
+    pause_limit=st.none() | st.floats(min_value=0, max_value=1e9),
+    tz=st.none() | st.timezones(),
 )
 def test_classify_text_never_raises_and_bounds_waits(
-    text: str, exit_code: int | None, now: datetime
+    text: str, exit_code: int | None, now: datetime, pause_limit: float | None, tz: tzinfo | None
 ) -> None:
-    signal = classify_text(text, exit_code=exit_code, now=now)
+    signal = classify_text(text, exit_code=exit_code, now=now, pause_limit=pause_limit, tz=tz)
     _bounded(signal)
     if exit_code == 0:
         assert signal.ok

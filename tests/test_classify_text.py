@@ -197,3 +197,71 @@ def test_bad_arguments_are_told_apart() -> None:
         classify_text(b"429", exit_code=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timezone-aware"):
         classify_text("429", now=datetime(2026, 1, 1))
+
+
+def test_a_time_without_a_zone_is_read_in_tz() -> None:
+    from zoneinfo import ZoneInfo
+
+    text = "You've hit your limit · resets 3:30am"
+    kolkata = classify_text(text, exit_code=1, now=NOW, tz=ZoneInfo("Asia/Kolkata"))
+    utc = classify_text(text, exit_code=1, now=NOW, tz=UTC)
+    assert kolkata.reset_at == datetime(2026, 1, 1, 22, 0, tzinfo=UTC)  # 3:30 IST
+    assert utc.reset_at == datetime(2026, 1, 2, 3, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("zone", ["(Asia/Calcutta)", "(asia/calcutta)", "(ASIA/CALCUTTA)"])
+def test_zone_names_are_read_in_any_case(zone: str) -> None:
+    signal = classify_text(f"You've hit your limit · resets 3:30am {zone}", exit_code=1, now=NOW)
+    assert signal.reset_at == datetime(2026, 1, 1, 22, 0, tzinfo=UTC)
+
+
+def test_an_unknown_zone_falls_back_to_tz() -> None:
+    signal = classify_text(
+        "You've hit your limit · resets 3:30am (Mars/Olympus_Mons)", exit_code=1, now=NOW, tz=UTC
+    )
+    assert signal.reset_at == datetime(2026, 1, 2, 3, 30, tzinfo=UTC)
+
+
+def test_terminal_hyperlinks_and_colours_are_removed() -> None:
+    text = (
+        "\x1b]8;;https://docs.github.com\x07Learn more\x1b]8;;\x07 \x1b[1;31m"
+        "You've hit your rate limit.\x1b[0m \x1b]0;title\x1b\\"
+    )
+    signal = classify_text(text, exit_code=1, now=NOW)
+    assert (signal.kind, signal.matched) == (Kind.TEMPORARY, "hit your rate limit")
+
+
+def test_tz_must_be_a_tzinfo() -> None:
+    with pytest.raises(TypeError, match=r"tz must be a datetime\.tzinfo"):
+        classify_text("429", exit_code=1, now=NOW, tz="UTC")  # type: ignore[arg-type]
+
+
+def test_an_unterminated_osc_does_not_swallow_the_refusal_after_it() -> None:
+    signal = classify_text("\x1b]0;title\nRate limit exceeded", exit_code=1, now=NOW)
+    assert signal.matched == "rate limit"
+
+
+@pytest.mark.parametrize(
+    ("text", "now", "reset_at"),
+    [
+        ("You've hit your limit · resets 12am", NOW, datetime(2026, 1, 2, 0, 0, tzinfo=UTC)),
+        ("You've hit your limit · resets 12pm", datetime(2026, 1, 1, 11, 0, tzinfo=UTC),
+         datetime(2026, 1, 1, 12, 0, tzinfo=UTC)),
+        # A date without a year that has passed is next year's.
+        ("Opus weekly limit reached ∙ resets Jan 1, 9am", datetime(2026, 12, 30, tzinfo=UTC),
+         datetime(2027, 1, 1, 9, 0, tzinfo=UTC)),
+        ("Opus weekly limit reached ∙ resets Dec 31", NOW, datetime(2026, 12, 31, tzinfo=UTC)),
+        # "resets 3" is not a time; the wait decides nothing here.
+        ("5-hour limit reached ∙ resets 3", NOW, None),
+        ("You've hit your limit · resets 13pm", NOW, None),
+    ],
+)
+def test_reset_clock_edges(text: str, now: datetime, reset_at: datetime | None) -> None:
+    signal = classify_text(text, exit_code=1, now=now, tz=UTC)
+    assert (signal.kind, signal.reset_at) == (Kind.PERIOD_QUOTA, reset_at)
+
+
+def test_codex_time_already_passed_today_is_tomorrow() -> None:
+    text = "You've hit your usage limit. Try again at 9:15 AM."
+    signal = classify_text(text, exit_code=1, now=NOW, tz=UTC)
+    assert signal.reset_at == datetime(2026, 1, 2, 9, 15, tzinfo=UTC)

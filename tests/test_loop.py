@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rateloop.errors import SdkRetriesWarning
 from rateloop.events import LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
@@ -183,7 +184,8 @@ def test_sdk_internal_retries_are_counted(run: Runner) -> None:
         retries_taken = 2
 
     fn = FaultScript([Raw()])
-    out = run(fn, route=A, policy=policy())
+    with pytest.warns(SdkRetriesWarning, match="max_retries=0"):
+        out = run(fn, route=A, policy=policy())
     assert out.status is Status.COMPLETED
     assert (out.attempts.loop, out.attempts.sdk) == (1, 2)
     assert out.attempts.provider_requests == 3
@@ -195,7 +197,8 @@ def test_sdk_retries_read_from_the_stainless_header_of_a_real_openai_error(run: 
     resp = httpx.Response(429, json=openai_429(), request=request)
     err = openai.RateLimitError("Rate limit reached", response=resp, body=openai_429()["error"])
     fn = FaultScript([err, OK])
-    out = run(fn, route=A, policy=policy())
+    with pytest.warns(SdkRetriesWarning):
+        out = run(fn, route=A, policy=policy())
     assert out.status is Status.COMPLETED
     assert out.attempts.sdk == 3
     assert out.attempts.provider_requests == 5
@@ -213,7 +216,8 @@ def test_deadline_too_close_for_the_servers_wait(run: Runner, clock: FakeClock) 
 def test_pause_limit_stops_instead_of_holding_the_process(run: Runner, clock: FakeClock) -> None:
     fn = FaultScript([http_error(429, openai_429(), {"retry-after": "7200"})])
     out = run(fn, route=A, policy=policy())
-    assert out.status is Status.WAITING_FOR_CAPACITY
+    # A wait beyond the pause limit is a spent period allowance (the far-wait rule).
+    assert out.status is Status.WAITING_FOR_RESET
     assert clock.sleeps == []
 
 
@@ -594,7 +598,7 @@ def test_period_quota_is_surfaced_under_the_rate_limit_scope(run: Runner) -> Non
 def test_retry_at_is_never_earlier_than_the_server_asked(run: Runner, clock: FakeClock) -> None:
     fn = FaultScript([http_error(429, openai_429(), {"retry-after": "99999"})])
     out = run(fn, route=A, policy=policy())
-    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert out.status is Status.WAITING_FOR_RESET
     assert out.retry_at is not None
     assert out.retry_at >= clock.now() + timedelta(seconds=99999)
 

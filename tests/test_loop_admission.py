@@ -45,7 +45,8 @@ def policy() -> Policy:
 
 
 def make(clock: FakeClock, **spec: Any) -> tuple[Limiter, RateLoop]:
-    limiter = Limiter(limits={ROUTE.scope: LimitSpec(**spec)}, clock=clock)
+    # A whole minute's burst: these tests count what fits at once, not the default pacing.
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(**{"burst": 1.0, **spec})}, clock=clock)
     return limiter, RateLoop(policy(), limiter=limiter, clock=clock)
 
 
@@ -102,7 +103,8 @@ def test_a_throttle_pauses_the_scope_for_every_caller() -> None:
 
 
 def test_settle_refunds_unused_output_tokens(clock: FakeClock) -> None:
-    _, loop = make(clock, output_tokens_per_minute=1000)
+    # A provider that corrects max_tokens to the output produced (OpenAI keeps it).
+    _, loop = make(clock, output_tokens_per_minute=1000, profile="generic")
     fn = FaultScript([ok(completion_tokens=100)])
     for _ in range(3):
         out = loop.call(fn, route=ROUTE, cost=Cost(output_tokens=800))
@@ -120,7 +122,9 @@ def test_without_usage_the_reservation_is_kept(clock: FakeClock) -> None:
 
 
 def test_async_loop_admits_through_the_same_limiter(clock: FakeClock) -> None:
-    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=2)}, clock=clock)
+    limiter = Limiter(
+        limits={ROUTE.scope: LimitSpec(requests_per_minute=2, burst=1.0)}, clock=clock
+    )
     loop = AsyncRateLoop(policy(), limiter=limiter, clock=clock)
     fn = FaultScript([ok()])
 
@@ -134,7 +138,7 @@ def test_async_loop_admits_through_the_same_limiter(clock: FakeClock) -> None:
 def test_loop_with_redis_limiter_shares_capacity_across_loops(
     redis_url: str, redis_prefix: str
 ) -> None:
-    spec = {ROUTE.scope: LimitSpec(requests_per_minute=3)}
+    spec = {ROUTE.scope: LimitSpec(requests_per_minute=3, burst=1.0)}
     clocks = [FakeClock(), FakeClock()]
     loops = [
         RateLoop(
@@ -193,11 +197,11 @@ def test_limiter_from_policy_reads_admission_and_limits(
     pol = Policy.from_dict(
         {
             "admission": {"backend": redis_url, "on_unreachable": "local", "local_share": 0.5},
-            "limits": {ROUTE.scope: {"requests_per_minute": 2}},
+            "limits": {ROUTE.scope: {"requests_per_minute": 2, "burst": 1.0}},
         }
     )
     limiter = Limiter.from_policy(pol, prefix=redis_prefix, clock=clock)
-    assert limiter.limits_for(ROUTE.scope) == LimitSpec(requests_per_minute=2)
+    assert limiter.limits_for(ROUTE.scope) == LimitSpec(requests_per_minute=2, burst=1.0)
     assert "redis://" in repr(limiter)
     grants = [bool(limiter.try_reserve(ROUTE, Cost())) for _ in range(3)]
     assert grants == [True, True, False]
@@ -261,7 +265,7 @@ def test_provider_headers_reach_the_limiter(clock: FakeClock) -> None:
 
 
 def test_gemini_usage_settles_the_reservation(clock: FakeClock) -> None:
-    _, loop = make(clock, output_tokens_per_minute=1000)
+    _, loop = make(clock, output_tokens_per_minute=1000, profile="gemini")
     gemini = httpx.Response(
         200,
         json={"usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 50}},
@@ -270,3 +274,29 @@ def test_gemini_usage_settles_the_reservation(clock: FakeClock) -> None:
     for _ in range(3):
         assert loop.call(FaultScript([gemini]), route=ROUTE, cost=Cost(output_tokens=800)).ok
     assert clock.sleeps == []  # 800 reserved, 50 used: the refunds keep every call immediate
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_an_admission_wait_that_cannot_fit_falls_back_at_once(
+    clock: FakeClock, twin: str
+) -> None:
+    backup = Route(provider="anthropic", model="claude")
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1)}, clock=clock)
+    fn = FaultScript({"gpt-5": [ok()], "claude": ["from the backup"]})
+    if twin == "sync":
+        loop = RateLoop(policy(), limiter=limiter, clock=clock, sinks=[])
+        first = loop.call(fn, route=ROUTE, fallbacks=[backup])
+        out = loop.call(fn, route=ROUTE, fallbacks=[backup], deadline=10)
+    else:
+        aloop = AsyncRateLoop(policy(), limiter=limiter, clock=clock, sinks=[])
+
+        async def both() -> Any:
+            one = await aloop.call(fn, route=ROUTE, fallbacks=[backup])
+            return one, await aloop.call(fn, route=ROUTE, fallbacks=[backup], deadline=10)
+
+        first, out = asyncio.run(both())
+    assert first.status is Status.COMPLETED
+    # The primary's bucket refills in 60 s, past the 10 s deadline: the backup serves now.
+    assert out.status is Status.DEGRADED and out.value == "from the backup"
+    assert fn.models == ["gpt-5", "claude"] and clock.sleeps == []
+    assert [e.decision for e in out.events][:1] == ["fallback"]

@@ -34,7 +34,7 @@ from rateloop.classify import (
 )
 from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
-from rateloop.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
+from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
 from rateloop.policy import (
@@ -48,6 +48,7 @@ from rateloop.policy import (
 )
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
+from rateloop.tasks import AsyncTaskRunner, TaskRunner, TaskState, task
 from rateloop.timing import Backoff, WaitPlan, plan_wait
 from rateloop.writes import WriteOutcome
 
@@ -58,6 +59,7 @@ __all__ = [
     "AgentSettings",
     "AgentsPolicy",
     "AsyncRateLoop",
+    "AsyncTaskRunner",
     "AttemptLedger",
     "Attempts",
     "BackendError",
@@ -66,6 +68,7 @@ __all__ = [
     "CapacityEvent",
     "Clock",
     "ConfigError",
+    "ConsoleSink",
     "Cost",
     "Decision",
     "DecisionKind",
@@ -96,6 +99,8 @@ __all__ = [
     "StepFailure",
     "Stop",
     "SystemClock",
+    "TaskRunner",
+    "TaskState",
     "Wait",
     "WaitPlan",
     "WriteOutcome",
@@ -108,6 +113,7 @@ __all__ = [
     "detect_provider",
     "plan_wait",
     "run_step",
+    "task",
 ]
 
 # A library never configures logging for its users: without a handler of theirs,

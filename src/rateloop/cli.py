@@ -12,6 +12,12 @@ from rateloop import __version__
 from rateloop.agents.cli import register as _register_run
 from rateloop.classify.cli import register as _register_classify
 from rateloop.config_cli import register as _register_config
+from rateloop.observe.cli import register_dashboard as _register_dashboard
+from rateloop.observe.cli import register_status as _register_status
+from rateloop.sim.cli import register as _register_simulate
+from rateloop.tasks.cli import register_tasks as _register_tasks
+from rateloop.tasks.cli import register_worker as _register_worker
+from rateloop.testing._fake.cli import register as _register_fake_provider
 
 app = typer.Typer(
     name="rateloop",
@@ -43,6 +49,12 @@ def _root(
 _register_classify(app)
 _register_config(app)
 _register_run(app)
+_register_status(app)
+_register_dashboard(app)
+_register_fake_provider(app)
+_register_worker(app)
+_register_tasks(app)
+_register_simulate(app)
 
 
 def main() -> None:

@@ -19,26 +19,40 @@ The rules, in order:
    lasts and the caller's deadline has not passed.
 1. ``ok`` ends the call: ``completed`` on the primary, ``degraded`` on a fallback.
 2. ``period_quota`` and ``spend`` never retry the same route.  Outside the
-   ``rate-limit`` scope they may move to a fallback on *another provider*;
+   ``rate-limit`` scope they move at once (no backoff: it has refused nothing)
+   to a fallback on *another provider*;
    otherwise ``waiting_for_reset`` (period quota, with ``retry_at``) or
    ``needs_operator`` (spend).
 3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
    ``invalid``, ``needs_operator`` (permission), or ``failed_retry_exhausted``
    with a reason saying it was not retried.
-4. A kind inside the scope is retried while the attempt budget lasts: on the
-   same route while it has attempts left (``attempts_per_route``), else on
-   the next eligible route.  A server minimum (Retry-After, reset header) is a
-   floor on a same-route wait; when it does not fit the pause limit, the
-   recovery budget or the deadline, the call stops ``waiting_for_capacity``
-   with the time to retry at, without sleeping.  No wait that would end at or
-   after the caller's deadline is taken, jitter included.  A backoff wait of
-   our own that does not fit the loop's own budgets (recovery,
-   ``max_wait_secs``) is shortened to what is left of them; with nothing left
-   the call is ``failed_retry_exhausted``.
+4. A kind inside the scope is retried while the attempt budget lasts
+   (attempts as the provider saw them: SDK retries count): on the same
+   route while it has attempts left, else on the next eligible route.  A
+   route's attempts are ``attempts_per_route``; unset, each route of a chain
+   but the last gets :func:`default_attempts_per_route` (5, fewer when
+   ``max_attempts`` is small, and only while an eligible route follows), and
+   the last route, or a lone one, every attempt left.
+5. A server minimum (Retry-After, reset header) is a floor on a same-route
+   wait.  When it does not fit the pause limit, the recovery budget or the
+   deadline, the call moves at once (no wait) to the next eligible route;
+   with none, it stops ``waiting_for_capacity`` with the time to retry at,
+   without sleeping.
+6. No sleep is longer than ``pause_limit_secs``: a backoff step of our own
+   beyond it is capped at it (our backoff is a guess; the pause limit is the
+   longest the caller agreed to be held).  A backoff wait that does not fit
+   the loop's own budgets (recovery, ``max_wait_secs``) is shortened to what
+   is left of them; with nothing left the call is ``failed_retry_exhausted``.
+7. No wait that would end at or after the caller's deadline is taken.  When
+   the wait's floor (the server minimum, or the least our jitter could draw)
+   ends before the deadline, the jitter is clamped into the room left (at
+   most half of it, keeping the rest for the attempt); otherwise the call
+   stops ``waiting_for_capacity``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,6 +66,7 @@ from rateloop.signal import Kind, LimitSignal
 from rateloop.timing import Backoff, plan_wait
 
 __all__ = [
+    "DEFAULT_ATTEMPTS_PER_ROUTE",
     "TRIGGER_SCOPES",
     "Decision",
     "FallBack",
@@ -60,6 +75,8 @@ __all__ = [
     "Stop",
     "Wait",
     "decide",
+    "default_attempts_per_route",
+    "fall_back_now",
     "in_trigger_scope",
 ]
 
@@ -71,6 +88,10 @@ TRIGGER_SCOPES: dict[str, frozenset[Kind]] = {
 }
 
 Skips = tuple[tuple[Route, str], ...]
+
+#: Attempts per route when a chain has fallbacks and ``attempts_per_route`` is
+#: unset: one try and 4 retries, crab'd's default of 4 retries per model.
+DEFAULT_ATTEMPTS_PER_ROUTE = 5
 
 # How the outcome of a degraded call names what happened to the primary.
 _LIMITED_AS: dict[Kind | None, str] = {
@@ -166,9 +187,7 @@ def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
         raise ValueError(f"unknown trigger_scope {trigger_scope!r} (allowed: {allowed})") from None
 
 
-def decide(
-    state: LoopState, signal: LimitSignal | None, policy: Policy, now: float
-) -> Decision:
+def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: float) -> Decision:
     """What to do after an attempt on ``state.route`` returned ``signal``.
 
     With ``signal`` None (no attempt yet on this step) the answer is
@@ -206,7 +225,12 @@ def decide(
         if policy.trigger_scope != "rate-limit" and state.budget.can_attempt():
             found = _next_route(state, policy, exclude_providers=exclude)
             if isinstance(found, FallBack):
-                return _fit_fallback(state, policy, now, found, signal)
+                # The other provider has refused nothing: no backoff before it.
+                reason = (
+                    f"{kind.value} on {state.route.scope}; "
+                    f"falling back to {found.route.scope} at once"
+                )
+                return FallBack(found.route, 0.0, reason, found.index, found.skipped)
             skipped = found
         else:
             skipped = ()
@@ -219,18 +243,58 @@ def decide(
         return _exhausted(state, signal, f"all {state.budget.attempts} attempts used")
 
     per_route = policy.attempts_per_route
-    if per_route is None or state.route_attempts < per_route:
-        return _wait_same_route(state, signal, policy, now)
+    explicit = per_route is not None
+    if not explicit and state.index < len(state.chain) - 1:
+        per_route = default_attempts_per_route(policy.max_attempts, len(state.chain))
+    if per_route is not None and state.route_attempts >= per_route:
+        found = _next_route(state, policy, exclude_providers=state.spent_providers)
+        if isinstance(found, FallBack):
+            return _fit_fallback(state, policy, now, found, signal)
+        if explicit:
+            return _exhausted(
+                state,
+                signal,
+                f"every route of the chain was tried ({len(state.chain)} routes)",
+                skipped=found,
+            )
+        # The default bound only moves a call on; with nowhere to go it keeps retrying here.
 
-    found = _next_route(state, policy, exclude_providers=state.spent_providers)
-    if isinstance(found, FallBack):
-        return _fit_fallback(state, policy, now, found, signal)
-    return _exhausted(
-        state,
-        signal,
-        f"every route of the chain was tried ({len(state.chain)} routes)",
-        skipped=found,
+    step = _wait_same_route(state, signal, policy, now)
+    if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
+        return step
+    # This route's own wait cannot fit: a healthy fallback may still serve the call now.
+    moved = fall_back_now(state, policy, step.reason)
+    if isinstance(moved, FallBack):
+        return moved
+    return Stop(
+        step.status, step.reason, retry_at=step.retry_at, retry_in=step.retry_in, skipped=moved
     )
+
+
+def default_attempts_per_route(max_attempts: int, routes: int) -> int:
+    """Attempts a route gets before the next when ``attempts_per_route`` is unset.
+
+    :data:`DEFAULT_ATTEMPTS_PER_ROUTE`, but never so many that ``max_attempts``
+    runs out before every route of the chain had a turn.  The last route of a
+    chain is not bounded by it: there is nowhere left to move on to.
+
+    >>> default_attempts_per_route(20, 2), default_attempts_per_route(6, 3)
+    (5, 2)
+    """
+    return max(1, min(DEFAULT_ATTEMPTS_PER_ROUTE, math.ceil(max_attempts / routes)))
+
+
+def fall_back_now(state: LoopState, policy: Policy, why: str) -> FallBack | Skips:
+    """The next eligible route to move to at once (no wait) because ``why``, or the skips.
+
+    Used when the current route's own wait cannot fit (rule 5), for a server
+    minimum and for an admission wait alike.
+    """
+    found = _next_route(state, policy, exclude_providers=state.spent_providers)
+    if not isinstance(found, FallBack):
+        return found
+    reason = f"{why}; falling back to {found.route.scope} at once"
+    return FallBack(found.route, 0.0, reason, found.index, found.skipped)
 
 
 def _wait_same_route(
@@ -267,19 +331,18 @@ def _wait_before(
 ) -> Wait | Stop:
     """The wait before the next attempt on ``route``, or why there is none.
 
-    The caller's deadline is a hard line: a wait that would end at or after it
-    is not taken, and the call stops ``waiting_for_capacity`` with the time it
-    would have retried at.  The loop's own budgets (the recovery budget,
-    ``max_wait_secs``) bind a server's minimum the same way, but our own
-    backoff is only a guess, so it is shortened to what is left of them; with
-    nothing left the retries are exhausted.
+    Rules 5-7 of the module: a server minimum that does not fit stops;
+    our own backoff is capped at the pause limit and the budget left; the
+    jitter is clamped to end before the deadline when the floor fits.
     """
     own_left = _own_budget_left(state.budget, now)
+    limit = policy.pause_limit_secs
+    n = state.waits + 1
     plan = plan_wait(
         state.backoff,
-        state.waits + 1,
+        n,
         server_minimum=minimum,
-        pause_limit=policy.pause_limit_secs,
+        pause_limit=limit,
         time_left=own_left,
         previous=state.previous_wait,
     )
@@ -292,23 +355,31 @@ def _wait_before(
             plan.reason or f"the server's wait of {minimum:g}s does not fit",
             retry_at=_later(signal.reset_at, state.wall(now + minimum)),
         )
-    elif own_left is not None and own_left > 0:
-        wait = own_left
-        source = f"backoff shortened to the {own_left:g}s left in the budget"
-    else:
+    elif own_left is not None and own_left <= 0:
         return _exhausted(state, signal, "the time budget is spent")
+    else:
+        # Our own backoff is a guess: cap it at the pause limit and the budget left.
+        wait = min(limit, own_left) if own_left is not None else limit
+        source = f"backoff capped at {wait:g}s (pause limit {limit:g}s, budget left)"
     deadline = state.budget.deadline
     if deadline is not None and now + wait >= deadline:
-        return Stop(
-            Status.WAITING_FOR_CAPACITY,
-            f"a wait of {wait:g}s on {route.scope} would end after the deadline",
-            # With a server minimum, that is when capacity returns; the jitter is ours.
-            retry_at=(
-                _later(signal.reset_at, state.wall(now + minimum))
-                if minimum
-                else state.wall(now + wait)
-            ),
-        )
+        room = deadline - now
+        floor = min(minimum if minimum else state.backoff.bounds(n)[0], wait)
+        if floor < room:
+            # The floor fits before the deadline: clamp only the jitter, never the floor.
+            wait = floor + min(wait - floor, (room - floor) / 2)
+            source += f", jitter clamped to end before the deadline ({wait:g}s)"
+        else:
+            return Stop(
+                Status.WAITING_FOR_CAPACITY,
+                f"a wait of {wait:g}s on {route.scope} would end after the deadline",
+                # With a server minimum, that is when capacity returns; the jitter is ours.
+                retry_at=(
+                    _later(signal.reset_at, state.wall(now + minimum))
+                    if minimum
+                    else state.wall(now + wait)
+                ),
+            )
     return Wait(wait, f"{signal.kind.value} on {state.route.scope}; {source}", route)
 
 
@@ -348,9 +419,7 @@ def _next_route(
     return tuple(skipped)
 
 
-def _exhausted(
-    state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()
-) -> Stop:
+def _exhausted(state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()) -> Stop:
     return Stop(
         Status.FAILED_RETRY_EXHAUSTED,
         f"{signal.kind.value} persisted on {state.route.scope}: {why}",
@@ -358,9 +427,7 @@ def _exhausted(
     )
 
 
-def _stop_for(
-    state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()
-) -> Stop:
+def _stop_for(state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()) -> Stop:
     """The terminal status for a signal the loop will not retry."""
     kind = signal.kind
     scope = state.route.scope

@@ -1,8 +1,11 @@
 -- Shared helpers, prepended to every rateloop admission script.
 -- The arithmetic mirrors rateloop/admission/gcra.py; the conformance suite
 -- runs the same tests against this and the in-memory backend.
--- Keys per scope i: KEYS[3i-2] state hash, KEYS[3i-1] lease zset, KEYS[3i] pause string.
+-- A scope's state hash holds its buckets, day counts, blocks, AIMD factor, its pause
+-- ('p' resume time, 'pr' reason) and 'x', the server time its key expires at.
 local DAY = 86400
+-- A key's TTL is set this much longer than needed, so most writes need no PEXPIRE.
+local SLACK = 60
 
 local function clock()
   local t = redis.call('TIME')
@@ -18,6 +21,12 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+local function words(s)
+  local t = {}
+  for w in string.gmatch(s, '%S+') do t[#t + 1] = w end
+  return t
+end
+
 local function drained(level, ts, now, rate)
   return math.max(0, level - math.max(0, now - ts) * rate)
 end
@@ -27,15 +36,29 @@ local function day_window(wall, offset)
   return index, (index + 1) * DAY + offset
 end
 
+local function factor_of(f, fs, now, recover)
+  return math.min(1, num(f, 1) + math.max(0, now - num(fs, now)) * recover)
+end
+
 -- The scope's AIMD factor at now (it recovers linearly to 1).
 local function factor_at(h, now, recover)
   local v = redis.call('HMGET', h, 'f', 'fs')
-  local f = num(v[1], 1)
-  local since = num(v[2], now)
-  return math.min(1, f + math.max(0, now - since) * recover)
+  return factor_of(v[1], v[2], now, recover)
 end
 
--- Make key live at least `seconds` more (never shortens): idle keys vanish.
+-- The state hash h must live `seconds` more; `x` is when it expires now (its 'x' field).
+-- Appends 'x' to the field list `list` and sets the TTL only when the key would expire
+-- too early (never shortens it): most writes add no command.  Returns the PEXPIRE ms
+-- to apply after the HSET, or nil.
+local function extend(list, x, now, seconds)
+  local need = now + math.max(0, seconds) + 1
+  if num(x, 0) >= need then return nil end
+  local untl = need + SLACK
+  list[#list + 1] = 'x'; list[#list + 1] = fmt(untl)
+  return math.ceil((untl - now) * 1000)
+end
+
+-- Make a key (a lease set) live at least `seconds` more (never shortens).
 local function keep(key, seconds)
   local ms = math.ceil(math.max(0, seconds) * 1000) + 1000
   local current = redis.call('PTTL', key)

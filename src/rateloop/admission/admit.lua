@@ -1,60 +1,42 @@
 -- Admit every check at once, or none.  One call = one admission.
--- ARGV: lease_id, recover_per_sec, lease_poll, nscopes, then per check 9 values:
---   scope_index, field, kind (b|d|l), capacity, allowed, amount, rate, scaled (0|1), extra
+-- KEYS: the state hash of each scope (nscopes), then the lease set of the lease scope.
+-- ARGV[1], the plan (fixed per route and priority): "poll nscopes" then per check 7 words:
+--   scope_index field kind (b|d|l) capacity rate scaled (0|1) extra
 --   (extra: the day window's reset offset, or the lease TTL).
+-- ARGV[2], this call: "lease_id recover_per_sec" then per check "allowed amount"
+--   (lease_id '-' when none).
 -- Returns {1, now} when granted, else {0, now, wait, scope_index, field, never_fits, paused,
 -- pause_reason}.
 --
--- Each scope's state hash is read with one HMGET and written with one HSET;
--- its TTL is then set to when all of its state stops mattering (bucket drained,
--- block and day window over, AIMD factor recovered).
-local lease_id = ARGV[1]
-local recover = tonumber(ARGV[2])
-local poll = tonumber(ARGV[3])
-local nscopes = tonumber(ARGV[4])
+-- Each scope's hash is read with one HMGET and written with one HSET; its TTL is set only
+-- when the state would outlive it (see extend).
+local plan, call = words(ARGV[1]), words(ARGV[2])
+local poll, nscopes = tonumber(plan[1]), tonumber(plan[2])
+local lease_id, recover = call[1], tonumber(call[2])
 local now = clock()
 
 local checks = {}
-local i = 5
-while i <= #ARGV do
+local p, q = 3, 3
+while p <= #plan do
   local c = {
-    scope = tonumber(ARGV[i]), field = ARGV[i + 1], kind = ARGV[i + 2],
-    capacity = tonumber(ARGV[i + 3]), allowed = tonumber(ARGV[i + 4]),
-    amount = tonumber(ARGV[i + 5]), rate = tonumber(ARGV[i + 6]),
-    scaled = ARGV[i + 7] == '1', extra = tonumber(ARGV[i + 8]),
+    scope = tonumber(plan[p]), field = plan[p + 1], kind = plan[p + 2],
+    capacity = tonumber(plan[p + 3]), rate = tonumber(plan[p + 4]),
+    scaled = plan[p + 5] == '1', extra = tonumber(plan[p + 6]),
+    allowed = tonumber(call[q]), amount = tonumber(call[q + 1]),
   }
   if c.amount > c.allowed then
     return {0, fmt(now), '0', c.scope, c.field, 1, 0, ''}
   end
   checks[#checks + 1] = c
-  i = i + 9
+  p, q = p + 7, q + 2
 end
 
-local wait, w_scope, w_field, paused, reason = 0, 0, '', 0, ''
-local pause_keys = {}
-for s = 1, nscopes do pause_keys[s] = KEYS[3 * s] end
-local pauses = redis.call('MGET', unpack(pause_keys))
-for s = 1, nscopes do
-  local p = pauses[s]
-  if p then
-    local sep = string.find(p, '|', 1, true)
-    local untl = tonumber(string.sub(p, 1, sep - 1))
-    if untl - now > wait then
-      wait, w_scope, w_field, paused, reason = untl - now, s, '', 1, string.sub(p, sep + 1)
-    end
-  end
-end
-
--- Read every scope's hash once: the AIMD factor and the fields of its checks.
-local names, state = {}, {}
+-- Read every scope's hash once: pause, expiry, AIMD factor and the fields of its checks.
+local names = {}
+for s = 1, nscopes do names[s] = {'p', 'pr', 'x', 'f', 'fs'} end
 for _, c in ipairs(checks) do
   if c.kind ~= 'l' then
-    local list = names[c.scope]
-    if list == nil then
-      list = {'f', 'fs'}
-      names[c.scope] = list
-    end
-    local f = c.field
+    local list, f = names[c.scope], c.field
     if c.kind == 'b' then
       list[#list + 1] = f .. ':l'; list[#list + 1] = f .. ':t'
     else
@@ -63,12 +45,18 @@ for _, c in ipairs(checks) do
     list[#list + 1] = f .. ':b'
   end
 end
-for s, list in pairs(names) do
-  local values = redis.call('HMGET', KEYS[3 * s - 2], unpack(list))
+local wait, w_scope, w_field, paused, reason = 0, 0, '', 0, ''
+local state = {}
+for s = 1, nscopes do
+  local list = names[s]
+  local values = redis.call('HMGET', KEYS[s], unpack(list))
   local map = {}
   for j, name in ipairs(list) do map[name] = values[j] end
-  local f = num(map['f'], 1)
-  map.factor = math.min(1, f + math.max(0, now - num(map['fs'], now)) * recover)
+  map.factor = factor_of(map['f'], map['fs'], now, recover)
+  local untl = num(map['p'], 0)
+  if untl - now > wait then
+    wait, w_scope, w_field, paused, reason = untl - now, s, '', 1, map['pr'] or ''
+  end
   state[s] = map
 end
 
@@ -92,7 +80,7 @@ for _, c in ipairs(checks) do
     c.block = num(map[c.field .. ':b'], 0)
     w = math.max(w, c.block - now)
   else
-    local z = KEYS[3 * c.scope - 1]
+    local z = KEYS[nscopes + 1]
     redis.call('ZREMRANGEBYSCORE', z, '-inf', fmt(now))
     if redis.call('ZCARD', z) + 1 > c.allowed then
       local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
@@ -109,13 +97,14 @@ if wait > 0 then
 end
 
 local writes, ttl = {}, {}
-for s, map in pairs(state) do
-  writes[s] = {}
-  ttl[s] = 0
-  if map.factor < 1 then ttl[s] = (1 - map.factor) / recover end
-end
 for _, c in ipairs(checks) do
   local s = c.scope
+  if writes[s] == nil then
+    writes[s] = {}
+    local factor = state[s].factor
+    ttl[s] = 0
+    if factor < 1 then ttl[s] = (1 - factor) / recover end
+  end
   if c.kind == 'b' then
     local level = c.level + c.amount
     local list = writes[s]
@@ -127,15 +116,17 @@ for _, c in ipairs(checks) do
     list[#list + 1] = c.field .. ':c'; list[#list + 1] = fmt(c.count + c.amount)
     list[#list + 1] = c.field .. ':w'; list[#list + 1] = fmt(c.index)
     ttl[s] = math.max(ttl[s], c.finish - now, c.block - now)
-  elseif lease_id ~= '' then
-    local z = KEYS[3 * s - 1]
+  elseif lease_id ~= '-' then
+    local z = KEYS[nscopes + 1]
     redis.call('ZADD', z, fmt(now + c.extra), lease_id)
     keep(z, c.extra)
   end
 end
 for s, list in pairs(writes) do
-  local h = KEYS[3 * s - 2]
-  redis.call('HSET', h, unpack(list))
-  redis.call('PEXPIRE', h, math.ceil(ttl[s] * 1000) + 1000)
+  if #list > 0 then
+    local ms = extend(list, state[s]['x'], now, ttl[s])
+    redis.call('HSET', KEYS[s], unpack(list))
+    if ms then redis.call('PEXPIRE', KEYS[s], ms) end
+  end
 end
 return {1, fmt(now)}

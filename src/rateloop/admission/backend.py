@@ -37,11 +37,15 @@ class Backend(Protocol):
 
     url: str
 
-    def execute(self, op: object) -> object:
-        """Run one operation atomically and return its result."""
+    def execute(self, op: object, *, timeout: float | None = None) -> object:
+        """Run one operation atomically and return its result.
+
+        ``timeout``: the seconds a caller's deadline leaves for this round trip
+        (a backend with nothing remote may ignore it).
+        """
         ...
 
-    async def aexecute(self, op: object) -> object:
+    async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         """The async twin of :meth:`execute`."""
         ...
 

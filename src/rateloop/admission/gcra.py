@@ -61,14 +61,15 @@ class AIMD:
     """How a 429 despite admission lowers a scope's rate, and how it recovers.
 
     ``decrease`` multiplies the factor (0.8: 20 % slower), ``floor`` is the
-    lowest factor, ``recover_per_minute`` the additive recovery (0.1: +10 % of
-    the configured limit each minute) and ``cooldown`` the seconds during
-    which further 429s (from the same burst) do not lower it again.
+    lowest factor, ``recover_per_minute`` the additive recovery (3.0: +5 % of
+    the configured limit each second, so one decrease is gone in 4 s) and
+    ``cooldown`` the seconds during which further 429s (from the same burst)
+    do not lower it again.  It applies only where no header tells the truth.
     """
 
     decrease: float = 0.8
     floor: float = 0.25
-    recover_per_minute: float = 0.1
+    recover_per_minute: float = 3.0
     cooldown: float = 2.0
 
     def __post_init__(self) -> None:

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backend import Backend, BackendUnreachable, backend_from_url
-from rateloop.admission.gcra import AIMD, DAY, pause_spread
+from rateloop.admission.gcra import AIMD, pause_spread
+from rateloop.admission.learning import Learned, LearnedOp, path, tightened
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitOp,
@@ -46,6 +47,7 @@ from rateloop.admission.plan import (
     Tightening,
     build_checks,
 )
+from rateloop.admission.profile import AccountingProfile, profile_for
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -53,8 +55,9 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.spec import LimitSpec
+from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
+from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -71,6 +74,7 @@ T = TypeVar("T")
 class _Do:
     op: object
     local: bool = False
+    deadline: float | None = None  # the caller's, on the monotonic clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,10 @@ def _scaled_check(check: Check, share: float) -> Check:
     class_share = check.share * capacity / check.capacity
     if check.kind is CheckKind.LEASE:
         class_share = float(max(1, math.floor(class_share + 1e-9)))
-    return replace(check, capacity=capacity, share=class_share, rate=check.rate * share)
+    ceiling = max(check.ceiling * share, capacity)
+    return replace(
+        check, capacity=capacity, share=class_share, rate=check.rate * share, ceiling=ceiling
+    )
 
 
 def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
@@ -112,7 +119,10 @@ def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
     if local is not None and local[0] == share:
         return local[1]
     scaled = AdmitPlan(
-        plan.scopes, tuple(_scaled_check(c, share) for c in plan.checks), plan.priority
+        plan.scopes,
+        tuple(_scaled_check(c, share) for c in plan.checks),
+        plan.priority,
+        plan.profile,
     )
     plan.local = (share, scaled)
     return scaled
@@ -175,7 +185,8 @@ class Limiter:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._limits: dict[str, LimitSpec] = {}
-        self._learned: dict[str, LimitSpec] = {}
+        self._learned_shared = not isinstance(self._backend, MemoryBackend)
+        self._learned = Learned(self._limits.__contains__, shared=self._learned_shared)
         self._plans: dict[tuple[Route, Priority], AdmitPlan] = {}
         self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
         self._generation = 0
@@ -267,9 +278,18 @@ class Limiter:
                 self._limits[scope] = spec
             self._forget_plans()
 
+    def profile_of(self, scope: str) -> AccountingProfile:
+        """How the provider of ``scope`` charges usage: the nearest scope's ``profile``
+        setting on its path, else the profile of its provider (the first part)."""
+        for candidate in path(scope):
+            spec = self.limits_for(candidate)
+            if spec is not None and spec.profile is not None:
+                return profile_for(scope, spec.profile)
+        return profile_for(scope.split(":", 1)[0])
+
     def limits_for(self, scope: str) -> LimitSpec | None:
         """The configured limits of ``scope``, else those learned from headers, else None."""
-        return self._limits.get(scope) or self._learned.get(scope)
+        return self._limits.get(scope) or self._learned.specs.get(scope)
 
     @property
     def limits(self) -> Mapping[str, LimitSpec]:
@@ -296,12 +316,14 @@ class Limiter:
         generation = self._generation
         if plan is None:
             scopes = route.scopes
+            specs = [(scope, self.limits_for(scope)) for scope in scopes]
+            profile = self.profile_of(scopes[-1])
             checks: list[Check] = []
-            for scope in scopes:
-                spec = self.limits_for(scope)
+            for scope, spec in specs:
                 if spec is not None:
-                    checks.extend(build_checks(scope, spec, prio))
-            plan = AdmitPlan(scopes, tuple(checks), prio)
+                    checks.extend(build_checks(scope, spec, prio, profile))
+            plan = AdmitPlan(scopes, tuple(checks), prio, profile)
+            plan.learnable = not any(scope in self._limits for scope in scopes)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
@@ -313,6 +335,7 @@ class Limiter:
 
     def _forget_plans(self) -> None:
         """Limits changed: cached plans are stale.  Call with ``_lock`` held."""
+        self._learned.forget_schedule()
         self._generation += 1
         self._plans.clear()
         self._last_plan = (None, None, _NO_PLAN)
@@ -370,13 +393,34 @@ class Limiter:
             return self._never_fits(ran.plan.checks[i], ran.amounts[i])
         return self._denied(result)
 
+    def _refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
+        """Zero-config on a shared backend: read what other processes learned, when due.
+
+        Only routes without configured limits learn (``plan.learnable``, known
+        from the cached plan without hashing the route).
+        """
+        if not self._plan(route, priority).learnable:
+            return None
+        return self._learned.refresh_op(route, self._clock.monotonic())
+
+    def _adopt(self, done: _Done) -> None:
+        if self._learned.apply(done[0]):
+            with self._lock:
+                self._forget_plans()
+
     def _admit_flow(
-        self, route: Route, cost: Cost, priority: str | Priority
+        self,
+        route: Route,
+        cost: Cost,
+        priority: str | Priority,
+        deadline: float | None = None,
     ) -> _Flow[Reservation | Denied]:
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
+            self._adopt((yield _Do(refresh, deadline=deadline)))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
-        done = yield _Do(op)
+        done = yield _Do(op, deadline=deadline)
         return self._admit_outcome(route, cost, done)
 
     def _never_fits(self, check: Check, amount: float) -> Denied:
@@ -385,8 +429,8 @@ class Limiter:
             scope=check.scope,
             dimension=check.dimension,
             reason=(
-                f"cost of {amount:g} {check.dimension.value} exceeds the capacity "
-                f"of {check.capacity:g} (burst × limit); waiting cannot help"
+                f"cost of {amount:g} {check.dimension.value} exceeds the limit "
+                f"of {check.ceiling:g}; waiting cannot help"
             ),
             never_fits=True,
         )
@@ -408,7 +452,7 @@ class Limiter:
         self, route: Route, cost: Cost, priority: str | Priority, deadline: float | None
     ) -> _Flow[Reservation]:
         while True:
-            outcome = yield from self._admit_flow(route, cost, priority)
+            outcome = yield from self._admit_flow(route, cost, priority, deadline)
             if isinstance(outcome, Reservation):
                 return outcome
             if outcome.never_fits:
@@ -446,59 +490,54 @@ class Limiter:
         while the limits may be configured on a broader scope; what the provider
         said is about the limit that governs the call, so it applies there.
         """
-        for candidate in _path(scope):
+        for candidate in path(scope):
             if self.limits_for(candidate) is not None:
                 return candidate
         return None
 
     def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
+        """Resynchronise the governing scope's state with what the provider said.
+
+        Header truth over guesswork: ``remaining``/``reset`` headers set the
+        state of the dimensions they name, on every observed response.  The
+        AIMD decrease applies only to a 429 that nothing explains -- no
+        header told the state of a limit we govern, and no limit was just
+        learned from it (the 429 that taught a limit is not a reason to go
+        slower than that limit).
+        """
         if not isinstance(scope, str) or not scope:
             raise ValueError(f"scope must be a non-empty string, got {scope!r}")
-        signal = (
-            source
-            if isinstance(source, LimitSignal)
-            else _signal_from_headers(source, self._clock.now())
-        )
-        self._learn(scope, signal)
+        block: float | None = None
+        if isinstance(source, LimitSignal):
+            signal = source
+        else:
+            signal = _signal_from_headers(source, self._clock.now())
+            block = subscription_block(source, self._clock.now())
+        store = self._learned.learn(scope, signal)
+        learned = store is not None
+        if learned:
+            with self._lock:
+                self._forget_plans()
+            if self._learned_shared:
+                yield _Do(store)
         target = self._governing(scope)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
-            for check in build_checks(target, spec):
+            for check in build_checks(target, spec, profile=self.profile_of(scope)):
                 by_dimension[check.dimension] = check
         tightenings = tuple(
             Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
             for o in signal.observed
             if o.remaining is not None or o.reset_after is not None
-            for d in _tightened(o)
+            for d in tightened(o)
             if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
-        lower = signal.kind is Kind.TEMPORARY
+        lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
         if target is not None and (tightenings or lower):
             yield _Do(ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd))
-
-    def _learn(self, scope: str, signal: LimitSignal) -> None:
-        """Zero-config: take limits from the provider's headers when none are configured.
-
-        Only when no scope on the path (``scope`` and its ancestors) has
-        configured limits, and only from observations whose window is known
-        (see :func:`_learned_field`); the limits are learned for ``scope``.
-        """
-        if any(s in self._limits for s in _path(scope)):
-            return
-        learned: dict[str, Any] = {}
-        for o in signal.observed:
-            name = _learned_field(o)
-            if name is not None and o.limit is not None and o.limit >= 1:
-                learned.setdefault(name, int(o.limit))
-        if not learned:
-            return
-        with self._lock:
-            old = self._learned.get(scope)
-            spec = replace(old, **learned) if old is not None else LimitSpec(**learned)
-            if spec != old:
-                self._learned[scope] = spec
-                self._forget_plans()
+        if block is not None:
+            yield _Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
 
     # -- drivers -------------------------------------------------------------------------------
 
@@ -517,30 +556,67 @@ class Limiter:
         return isinstance(op, SettleOp) or self._clock.monotonic() >= self._local_until
 
     def _fallback(self, exc: BackendUnreachable) -> None:
+        """Start a local window -- unless one is running: the window ends on schedule.
+
+        Several calls in flight can each see the shared backend fail (one
+        error per pooled connection); only the first starts the window, so
+        the shared backend is tried again :data:`LOCAL_RETRY_SECONDS` after
+        the outage was noticed, not after its last echo.  A new window's
+        local limiter starts full (:meth:`MemoryBackend.restart_full`).
+        """
         if self._on_unreachable != "local":
             raise exc
-        self._local_until = self._clock.monotonic() + LOCAL_RETRY_SECONDS
+        now = self._clock.monotonic()
+        with self._lock:
+            if now < self._local_until:
+                return
+            from_shared = self._local_until == _NEVER
+            self._local_until = now + LOCAL_RETRY_SECONDS
+        if from_shared:  # the transition, not a retry during the same outage
+            self._local_backend().restart_full()
 
-    def _execute(self, op: object, local: bool = False) -> _Done:
+    def _recovered(self) -> None:
+        """The shared backend answered after a fallback: back to it, the fast path again."""
+        self._local_until = _NEVER
+
+    def _execute(self, op: object, local: bool = False, deadline: float | None = None) -> _Done:
         # The first test is the common case: never fallen back, no clock read.
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
-                return self._backend.execute(op), op, False
+                result = (
+                    self._backend.execute(op)
+                    if deadline is None
+                    else self._backend.execute(op, timeout=deadline - self._clock.monotonic())
+                )
             except BackendUnreachable as exc:
                 self._fallback(exc)
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
+            else:
+                if self._local_until != _NEVER:
+                    self._recovered()
+                return result, op, False
         scaled = _scaled_op(op, self._local_share)
         return self._local_backend().execute(scaled), scaled, True
 
-    async def _aexecute(self, op: object, local: bool = False) -> _Done:
+    async def _aexecute(
+        self, op: object, local: bool = False, deadline: float | None = None
+    ) -> _Done:
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
-                return await self._backend.aexecute(op), op, False
+                if deadline is None:
+                    result = await self._backend.aexecute(op)
+                else:
+                    left = deadline - self._clock.monotonic()
+                    result = await self._backend.aexecute(op, timeout=left)
             except BackendUnreachable as exc:
                 self._fallback(exc)
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
+            else:
+                if self._local_until != _NEVER:
+                    self._recovered()
+                return result, op, False
         scaled = _scaled_op(op, self._local_share)
         return await self._local_backend().aexecute(scaled), scaled, True
 
@@ -552,7 +628,7 @@ class Limiter:
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(self._execute(step.op, step.local))
+                    step = flow.send(self._execute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -564,7 +640,7 @@ class Limiter:
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(await self._aexecute(step.op, step.local))
+                    step = flow.send(await self._aexecute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -597,6 +673,8 @@ class Limiter:
         This is ``_admit_flow`` run by hand: the same two halves around one
         step, without a generator, because it is the hottest path.
         """
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
+            self._adopt(self._execute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
@@ -605,6 +683,8 @@ class Limiter:
     async def atry_reserve(
         self, route: Route, cost: Cost, *, priority: str = "interactive"
     ) -> Reservation | Denied:
+        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
+            self._adopt(await self._aexecute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
@@ -685,45 +765,3 @@ def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSign
     # Imported here: Read (classify) is a sibling stage, loaded only when used.
     classify = importlib.import_module("rateloop.classify").classify
     return cast(LimitSignal, classify(200, headers, b"", now=now))
-
-
-def _path(scope: str) -> list[str]:
-    """``scope`` and its ancestors, nearest first: ``a:b:c`` -> ``a:b:c``, ``a:b``, ``a``."""
-    parts = scope.split(":")
-    return [":".join(parts[:n]) for n in range(len(parts), 0, -1)]
-
-
-#: Per-minute dimensions, keyed by what a provider's header describes.
-_MINUTE_FIELDS = {
-    Dimension.REQUESTS: "requests_per_minute",
-    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
-    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
-    Dimension.TOKENS: "tokens_per_minute",
-}
-
-
-def _learned_field(o: Observed) -> str | None:
-    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it.
-
-    Only a known window maps: 60 s to the per-minute dimensions, a day (86400 s)
-    of requests to ``requests_per_day``.  Any other window (GitHub's hour, an
-    IETF ``w=3600``) and an unknown one are ignored: a per-hour limit read as
-    per-minute would admit 60 times too much.
-    """
-    if o.window == 60.0:
-        return _MINUTE_FIELDS.get(o.dimension)
-    if o.window == DAY and o.dimension in (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY):
-        return "requests_per_day"
-    return None
-
-
-def _tightened(o: Observed) -> tuple[Dimension, ...]:
-    """The dimensions whose state an observed ``remaining``/``reset`` tightens.
-
-    ``remaining = R`` means at most R units are available now, whatever the
-    window, so it tightens the dimension it names; a day's requests (Groq)
-    also tighten ``requests_per_day``.
-    """
-    if o.window == DAY and o.dimension is Dimension.REQUESTS:
-        return (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY)
-    return (o.dimension,)

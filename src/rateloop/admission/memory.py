@@ -25,6 +25,7 @@ from rateloop.admission.gcra import (
     effective_factor,
     lowered_factor,
 )
+from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitResult,
@@ -95,6 +96,8 @@ class MemoryBackend:
         self._monotonic = self._clock.monotonic  # bound once: read on every operation
         self._lock = threading.Lock()
         self._scopes: dict[str, _Scope] = {}
+        self._learned: dict[str, tuple[dict[str, int], float]] = {}
+        self._start_full = False
 
     url = "memory://"
 
@@ -103,7 +106,7 @@ class MemoryBackend:
 
     # -- the Backend protocol -------------------------------------------------
 
-    def execute(self, op: object) -> object:
+    def execute(self, op: object, *, timeout: float | None = None) -> object:
         now = self._monotonic()
         lock = self._lock
         # acquire/release rather than ``with``: half the cost on the hot path, same guarantee.
@@ -117,12 +120,36 @@ class MemoryBackend:
                 return self._pause(op, now)
             if isinstance(op, ObserveOp):
                 return self._observe(op, now, self._clock.now().timestamp())
+            if isinstance(op, LearnOp):
+                self._learned[op.scope] = (dict(op.limits), now + op.ttl)
+                return 1
+            if isinstance(op, LearnedOp):
+                found = {s: self._learned.get(s) for s in op.scopes}
+                return {s: dict(v[0]) for s, v in found.items() if v is not None and v[1] > now}
         finally:
             lock.release()
         raise TypeError(f"MemoryBackend cannot execute {op!r}")
 
-    async def aexecute(self, op: object) -> object:
+    async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         return self.execute(op)
+
+    def restart_full(self) -> None:
+        """Forget every bucket and start each again *full* (leases and pauses are kept).
+
+        For the limiter's local fallback: a process that falls back does not
+        know what the others admitted just before, so it assumes its share
+        was just used and admits at its share of the rate, not a burst on
+        top of what the shared backend already let through.
+        """
+        with self._lock:
+            for state in self._scopes.values():
+                state.buckets.clear()
+            self._start_full = True
+
+    def _new_bucket(self, check: Check, now: float) -> Bucket:
+        if self._start_full:
+            return Bucket(level=check.capacity, ts=now)
+        return Bucket()
 
     def close(self) -> None:
         """Nothing to close; present for the protocol."""
@@ -176,7 +203,7 @@ class MemoryBackend:
             if kind is _BUCKET:
                 bucket = state.buckets.get(check.dimension)
                 if bucket is None:
-                    bucket = state.buckets[check.dimension] = Bucket()
+                    bucket = state.buckets[check.dimension] = self._new_bucket(check, now)
                 rate = check.rate
                 if state.factor < 1.0 and check.scaled:
                     rate *= state.factor_at(now, aimd)

@@ -1,5 +1,5 @@
--- Learn from the provider for one scope: an AIMD decrease after a 429 despite
--- admission, and remaining/reset headers that tighten the state.
+-- Learn from the provider for one scope: an AIMD decrease after a 429 nothing explains,
+-- and remaining/reset headers that resynchronise the state.
 -- KEYS[1]: the scope's state hash.  ARGV: lower (0|1), decrease, floor, recover_per_sec,
 --   cooldown, then per tightening 8 values: field, kind (b|d), capacity, rate, scaled,
 --   offset, remaining ('' if unknown), reset_after ('' if unknown).
@@ -10,13 +10,15 @@ local decrease, floor = tonumber(ARGV[2]), tonumber(ARGV[3])
 local recover, cooldown = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
 
-local factor = factor_at(h, now, recover)
+local head = redis.call('HMGET', h, 'f', 'fs', 'fd', 'x')
+local factor = factor_of(head[1], head[2], now, recover)
+local writes, ttl = {}, 0
 if lower then
-  local last = num(redis.call('HGET', h, 'fd'), nil)
+  local last = num(head[3], nil)
   if last == nil or now - last >= cooldown then
     factor = math.max(floor, factor * decrease)
-    redis.call('HSET', h, 'f', fmt(factor), 'fs', fmt(now), 'fd', fmt(now))
-    keep(h, (1 - factor) / recover + cooldown)
+    writes = {'f', fmt(factor), 'fs', fmt(now), 'fd', fmt(now)}
+    ttl = (1 - factor) / recover + cooldown
   end
 end
 
@@ -31,28 +33,36 @@ while i <= #ARGV do
   if remaining ~= nil and remaining < 1 and reset ~= nil and reset > 0 then
     block = now + reset
   end
-  local ttl = 0
   if kind == 'b' then
-    local v = redis.call('HMGET', h, field .. ':l', field .. ':t')
+    local v = redis.call('HMGET', h, field .. ':l', field .. ':t', field .. ':b')
     local level = drained(num(v[1], 0), num(v[2], now), now, rate)
     if remaining ~= nil then level = math.max(level, capacity - remaining) end
-    redis.call('HSET', h, field .. ':l', fmt(level), field .. ':t', fmt(now))
-    ttl = level / rate
+    writes[#writes + 1] = field .. ':l'; writes[#writes + 1] = fmt(level)
+    writes[#writes + 1] = field .. ':t'; writes[#writes + 1] = fmt(now)
+    ttl = math.max(ttl, level / rate)
+    if block ~= nil then
+      writes[#writes + 1] = field .. ':b'; writes[#writes + 1] = fmt(math.max(num(v[3], 0), block))
+      ttl = math.max(ttl, reset)
+    end
   else
-    local v = redis.call('HMGET', h, field .. ':c', field .. ':w')
+    local v = redis.call('HMGET', h, field .. ':c', field .. ':w', field .. ':b')
     local index, finish = day_window(now, offset)
     local count = 0
     if num(v[2], nil) == index then count = num(v[1], 0) end
     if remaining ~= nil then count = math.max(count, capacity - remaining) end
-    redis.call('HSET', h, field .. ':c', fmt(count), field .. ':w', fmt(index))
-    ttl = finish - now
+    writes[#writes + 1] = field .. ':c'; writes[#writes + 1] = fmt(count)
+    writes[#writes + 1] = field .. ':w'; writes[#writes + 1] = fmt(index)
+    ttl = math.max(ttl, finish - now)
+    if block ~= nil then
+      writes[#writes + 1] = field .. ':b'; writes[#writes + 1] = fmt(math.max(num(v[3], 0), block))
+      ttl = math.max(ttl, reset)
+    end
   end
-  if block ~= nil then
-    local old = num(redis.call('HGET', h, field .. ':b'), 0)
-    redis.call('HSET', h, field .. ':b', fmt(math.max(old, block)))
-    ttl = math.max(ttl, reset)
-  end
-  keep(h, ttl)
   i = i + 8
+end
+if #writes > 0 then
+  local ms = extend(writes, head[4], now, ttl)
+  redis.call('HSET', h, unpack(writes))
+  if ms then redis.call('PEXPIRE', h, ms) end
 end
 return fmt(factor)

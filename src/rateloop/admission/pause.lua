@@ -1,12 +1,13 @@
 -- Pause a scope until server-now + seconds (never shortens a longer pause).
--- KEYS[1]: the scope's pause key.  ARGV: seconds, reason.  Returns {now, until}.
+-- KEYS[1]: the scope's state hash.  ARGV: seconds, reason.  Returns {now, until}.
 local now = clock()
 local seconds = tonumber(ARGV[1])
 local untl = now + seconds
-local p = redis.call('GET', KEYS[1])
-if p then
-  local old = tonumber(string.sub(p, 1, string.find(p, '|', 1, true) - 1))
-  if old >= untl then return {fmt(now), fmt(old)} end
-end
-redis.call('SET', KEYS[1], fmt(untl) .. '|' .. ARGV[2], 'PX', math.ceil(seconds * 1000) + 1)
+local v = redis.call('HMGET', KEYS[1], 'p', 'x')
+local old = num(v[1], 0)
+if old >= untl then return {fmt(now), fmt(old)} end
+local list = {'p', fmt(untl), 'pr', ARGV[2]}
+local ms = extend(list, v[2], now, seconds)
+redis.call('HSET', KEYS[1], unpack(list))
+if ms then redis.call('PEXPIRE', KEYS[1], ms) end
 return {fmt(now), fmt(untl)}

@@ -24,6 +24,7 @@ from operator import itemgetter, le
 from typing import NamedTuple
 
 from rateloop.admission.gcra import AIMD, DAY
+from rateloop.admission.profile import PROFILES, AccountingProfile, default_burst
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost
 from rateloop.signal import Dimension
@@ -100,9 +101,11 @@ class Check:
     number of lease slots; ``share`` is how far the priority class may fill
     it (for leases: the slots it may hold).  A call's amount is
     ``cost_vector(cost)[source]`` and its allowance
-    ``class_allowance(share, amount, capacity)``, computed per call by
-    :meth:`AdmitPlan.allowances`.  ``scaled`` buckets follow the scope's
-    AIMD factor.
+    ``class_allowance(share, amount, ceiling)``, computed per call by
+    :meth:`AdmitPlan.allowances`.  ``ceiling`` is the most one call may take:
+    the limit itself (a minute's allowance for a paced bucket whose
+    ``capacity`` holds a second of it).  ``scaled`` buckets follow the
+    scope's AIMD factor.
     """
 
     scope: str
@@ -115,6 +118,11 @@ class Check:
     scaled: bool = False
     offset: float = 0.0
     ttl: float = 0.0
+    ceiling: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.ceiling < self.capacity:  # unset (or below the capacity): the capacity
+            object.__setattr__(self, "ceiling", self.capacity)
 
     def __repr__(self) -> str:
         return (
@@ -127,18 +135,20 @@ def _class_share(capacity: float, reserve: float, priority: Priority) -> float:
     return capacity * (1.0 - priority.rank * reserve)
 
 
-def class_allowance(share: float, amount: float, capacity: float) -> float:
+def class_allowance(share: float, amount: float, ceiling: float) -> float:
     """How far a call may fill a dimension: its class's ``share``, but at least its cost.
 
     A lower class must leave the reserve free -- unless its cost alone is
     more than its share (small limits: ``requests_per_minute=5, burst=0.1``
-    is a capacity of one request, of which ``scheduled`` may use 0.9).  Such
-    a call may fill up to its own cost, i.e. it waits until the dimension
-    is idle and then goes, instead of never fitting.  Only a cost above the
-    capacity itself never fits (the allowance then stays below the cost).
+    is a capacity of one request, of which ``scheduled`` may use 0.9; or a
+    paced bucket holding one second of a limit, smaller than one big call).
+    Such a call may fill up to its own cost, i.e. it waits until the
+    dimension is idle and then goes (leaving the bucket in debt), instead of
+    never fitting -- as providers admit a big request from a full bucket.
+    Only a cost above the ``ceiling`` (the limit itself) never fits.
     :meth:`AdmitPlan.allowances` is this function over every check at once.
     """
-    return max(share, min(amount, capacity))
+    return max(share, min(amount, ceiling))
 
 
 _MINUTE = (
@@ -150,19 +160,28 @@ _MINUTE = (
 
 
 def build_checks(
-    scope: str, spec: LimitSpec, priority: Priority = Priority.INTERACTIVE
+    scope: str,
+    spec: LimitSpec,
+    priority: Priority = Priority.INTERACTIVE,
+    profile: AccountingProfile = PROFILES["generic"],
 ) -> list[Check]:
     """Every check a call must pass in ``scope`` under ``spec`` (none if unlimited).
 
-    A bucket's capacity is ``burst × limit`` but at least one unit, so a
-    single request always fits a small limit.
+    A bucket's capacity is ``burst × limit`` -- ``burst`` defaults to the
+    profile's pacing (one second of the rate) -- but at least one unit, so a
+    single request always fits a small limit; its ceiling is the limit.
+    A ``tokens_per_minute`` limit counts input and output, or input only
+    when the profile says so (Gemini).
     """
     checks: list[Check] = []
-    for dimension, name, source in _MINUTE:
+    burst = spec.burst if spec.burst is not None else default_burst(profile)
+    input_only = not profile.tokens_include_output
+    for dimension, name, counted in _MINUTE:
         limit: int | None = getattr(spec, name)
         if limit is None:
             continue
-        capacity = max(spec.burst * limit, 1.0)
+        capacity = max(burst * limit, 1.0)
+        source = INPUT if counted == TOKENS and input_only else counted
         checks.append(
             Check(
                 scope=scope,
@@ -173,6 +192,7 @@ def build_checks(
                 source=source,
                 rate=limit / 60.0,
                 scaled=True,
+                ceiling=float(limit),
             )
         )
     if spec.requests_per_day is not None:
@@ -237,27 +257,41 @@ class AdmitPlan:
 
     __slots__ = (
         "capacities",
+        "ceilings",
         "checks",
         "fit_shares",
         "last",
+        "learnable",
         "lease_scope",
         "local",
         "pick",
         "priority",
+        "profile",
         "refunds",
         "scopes",
         "shares",
     )
 
-    def __init__(self, scopes: tuple[str, ...], checks: tuple[Check, ...], priority: Priority):
+    def __init__(
+        self,
+        scopes: tuple[str, ...],
+        checks: tuple[Check, ...],
+        priority: Priority,
+        profile: AccountingProfile = PROFILES["generic"],
+    ):
         self.scopes = scopes
         self.checks = checks
         self.priority = priority
         self.capacities = tuple(c.capacity for c in checks)
         self.shares = tuple(c.share for c in checks)
         self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
+        self.profile = profile
+        self.learnable = False  # no scope has configured limits: learned ones may apply
+        self.ceilings = tuple(c.ceiling for c in checks)
+        # A settle's deltas are (input, output, total) as the profile computes them;
+        # a total-tokens limit counting input only (Gemini) takes the total delta too.
         self.refunds = tuple(
-            (c, _TOKEN_SOURCES[c.source])
+            (c, 2 if c.dimension is Dimension.TOKENS else _TOKEN_SOURCES[c.source])
             for c in checks
             if c.kind is CheckKind.BUCKET and c.source in _TOKEN_SOURCES
         )
@@ -296,12 +330,12 @@ class AdmitPlan:
         """
         if all(map(le, amounts, self.shares)):
             return self.shares
-        return tuple(map(class_allowance, self.shares, amounts, self.capacities))
+        return tuple(map(class_allowance, self.shares, amounts, self.ceilings))
 
     def never_fits(self, amounts: tuple[float, ...]) -> int | None:
-        """The index of the first check whose capacity ``amounts`` exceed, else None."""
-        for i, (amount, capacity) in enumerate(zip(amounts, self.capacities, strict=True)):
-            if amount > capacity:
+        """The index of the first check whose ceiling (the limit) ``amounts`` exceed, else None."""
+        for i, (amount, ceiling) in enumerate(zip(amounts, self.ceilings, strict=True)):
+            if amount > ceiling:
                 return i
         return None
 

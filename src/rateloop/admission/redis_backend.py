@@ -4,32 +4,41 @@ How it works.  Each operation of :mod:`rateloop.admission.plan` is encoded
 into ``KEYS``/``ARGV`` and run by one script (``admit.lua``, ``settle.lua``,
 ``pause.lua``, ``observe.lua``; each prefixed with ``_common.lua``), shipped
 as package data.  Scripts are registered once per client and called with
-``EVALSHA``; redis-py loads them on ``NOSCRIPT`` and retries.  The scripts
+``EVALSHA``; a server that does not know a script yet (``NOSCRIPT``: freshly
+started, restarted or flushed) gets it once with ``EVAL``, which caches it.  The scripts
 read the server's ``TIME``, so every worker agrees on the clock, and they run
 atomically, so all dimensions of all scopes are admitted together or not at
 all, however many processes share the server.
 
-Keys, per scope key ``S`` (``prefix`` defaults to ``rateloop:``)::
+Keys, per scope key ``S`` whose ``provider:model`` is ``R`` (``prefix``
+defaults to ``rateloop:``)::
 
-    {prefix}s:{S}   hash: bucket levels/timestamps, day counts, blocks, AIMD factor
-    {prefix}l:{S}   sorted set: concurrency leases scored by expiry
-    {prefix}p:{S}   string "resume_time|reason" while the scope is paused
+    {prefix}{R}:s:{S}   hash: bucket levels/timestamps, day counts, blocks, AIMD
+                        factor, the pause (resume time, reason), its expiry time
+    {prefix}{R}:l:{S}   sorted set: concurrency leases scored by expiry
+    {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
 
-Every write extends the key's TTL (``PEXPIRE``) to when its state stops
-mattering, so idle keys vanish by themselves.  A single Redis node (or a
-primary) is assumed: the keys of several scopes are touched by one script.
+``{R}`` is a Redis Cluster hash tag: all scopes of a route share their
+``provider:model``, so every key one script touches is in one slot.  A
+state hash lives until its state stops mattering (bucket drained, block,
+pause and day window over, AIMD factor recovered), plus up to a minute: its
+TTL is set only when the state would outlive it, so most admissions run no
+``PEXPIRE`` -- one ``TIME``, one ``HMGET`` per scope and one ``HSET`` per
+written scope.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from rateloop._redact import redact_url
 from rateloop.admission.backend import BackendUnreachable
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
+from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitPlan,
@@ -47,6 +56,7 @@ try:
     import redis
     import redis.asyncio as aredis
     from redis.commands.core import AsyncScript, Script
+    from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
@@ -54,14 +64,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["RedisBackend", "redact_url"]
 
-_SCRIPTS = ("admit", "settle", "pause", "observe")
+_SCRIPTS = ("admit", "settle", "pause", "observe", "learned")
 
 # What a plan encodes to, whatever the cost: (the plan, all scopes, their 1-based index,
-# KEYS, the admit ARGV after the lease id and recovery rate with amount/allowed left blank).
-_EncodedPlan = tuple[AdmitPlan, tuple[str, ...], dict[str, int], list[bytes], list[bytes]]
-#: In the admit ARGV, after the lease id, recovery rate, poll and nscopes: 9 values per
-#: check, its allowance at offset 4 and its amount at 5 (see admit.lua).
-_HEAD, _PER_CHECK, _ALLOWED, _AMOUNT = 4, 9, 4, 5
+# KEYS, the plan argument of admit.lua, the decoder of its reply).
+_EncodedPlan = tuple[
+    AdmitPlan, tuple[str, ...], dict[str, int], list[bytes], bytes, Callable[[Any], AdmitResult]
+]
+_new_tuple = tuple.__new__
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
     "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
@@ -166,33 +176,91 @@ class RedisBackend:
 
     # -- the Backend protocol ---------------------------------------------------------------
 
-    def execute(self, op: object) -> object:
+    def execute(self, op: object, *, timeout: float | None = None) -> object:
+        """Run ``op`` in one script; ``timeout`` (seconds) bounds the round trip.
+
+        A connection that fails before an answer (a stale pooled connection
+        after a Redis restart, a reset) is retried once on a fresh one before
+        Redis counts as unreachable.
+        """
         name, keys, args, decode = self._encode(op)
         try:
-            reply = self._sync_scripts()[name](keys=keys, args=args)
+            try:
+                reply = self._call(name, keys, args, timeout)
+            except redis.ConnectionError:
+                reply = self._call(name, keys, args, timeout)  # once, on a new connection
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return decode(reply)
 
-    async def aexecute(self, op: object) -> object:
+    def _call(self, name: str, keys: list[Any], args: list[Any], timeout: float | None) -> Any:
+        script = self._sync_scripts()[name]
+        client = script.registered_client
+        if timeout is None:
+            try:
+                return client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                # Not in this server's cache yet (a fresh or restarted server): EVAL
+                # sends the text and caches it, so the next EVALSHA finds it.
+                return client.eval(self._texts[name], len(keys), *keys, *args)
+        # The caller's deadline bounds this round trip, not the client's socket timeout.
+        if self._client is None:  # pragma: no cover - _sync_scripts() just built it
+            raise redis.ConnectionError("no client")
+        pool = self._client.connection_pool
+        conn: Any = pool.get_connection()  # redis-py's Connection methods are untyped
+        try:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return conn.read_response(timeout=max(timeout, 0.001))
+            except NoScriptError:
+                conn.send_command("EVAL", self._texts[name], len(keys), *keys, *args)
+                return conn.read_response(timeout=max(timeout, 0.001))
+        except TimeoutError as exc:
+            conn.disconnect()  # its answer may still come: never reuse the connection
+            raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+        finally:
+            pool.release(conn)
+
+    async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         name, keys, args, decode = self._encode(op)
         try:
-            reply = await self._async_scripts()[name](keys=keys, args=args)
+            try:
+                reply = await self._acall(name, keys, args, timeout)
+            except redis.ConnectionError:
+                reply = await self._acall(name, keys, args, timeout)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
+        except TimeoutError as exc:  # asyncio.wait_for: the caller's deadline passed
+            raise self._error(redis.TimeoutError(f"no answer within {timeout} s")) from exc
         return decode(reply)
+
+    async def _acall(
+        self, name: str, keys: list[Any], args: list[Any], timeout: float | None
+    ) -> Any:
+        script = self._async_scripts()[name]
+        client = script.registered_client
+
+        async def call() -> Any:
+            try:
+                return await client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await client.eval(self._texts[name], len(keys), *keys, *args)
+
+        if timeout is None:
+            return await call()
+        return await asyncio.wait_for(call(), max(timeout, 0.001))
 
     # -- encoding operations --------------------------------------------------------------------
 
-    def _keys(self, scopes: tuple[str, ...]) -> list[str]:
-        keys: list[str] = []
-        for scope in scopes:
-            keys += [
-                f"{self.prefix}s:{scope}",
-                f"{self.prefix}l:{scope}",
-                f"{self.prefix}p:{scope}",
-            ]
-        return keys
+    def _key(self, kind: str, scope: str) -> str:
+        """``{prefix}{provider:model}:{kind}:{scope}``: every key of a route in one slot.
+
+        The hash tag (the part in braces) is the scope's ``provider:model``, which
+        all scopes of a route share, so one script may touch them all in a
+        Redis Cluster: they live on one node.
+        """
+        root = ":".join(scope.split(":", 2)[:2])
+        return f"{self.prefix}{{{root}}}:{kind}:{scope}"
 
     def _encode(self, op: object) -> tuple[str, list[Any], list[Any], Any]:
         if isinstance(op, AdmitOp):
@@ -202,19 +270,31 @@ class RedisBackend:
         if isinstance(op, PauseOp):
             return (
                 "pause",
-                [f"{self.prefix}p:{op.scope}"],
+                [self._key("s", op.scope)],
                 [_fmt(op.seconds), op.reason],
                 lambda r: PauseResult(now=float(r[0]), until=float(r[1])),
             )
         if isinstance(op, ObserveOp):
             return self._encode_observe(op)
+        if isinstance(op, LearnOp):
+            flat = [str(x) for pair in op.limits for x in pair]
+            ms = str(int(op.ttl * 1000))
+            return "learned", [self._key("k", op.scope)], ["w", ms, *flat], int
+        if isinstance(op, LearnedOp):
+            scopes = op.scopes
+            return (
+                "learned",
+                [self._key("k", s) for s in scopes],
+                ["r"],
+                lambda reply: _decode_learned(scopes, reply),
+            )
         raise TypeError(f"RedisBackend cannot execute {op!r}")
 
     def _encoded(self, plan: AdmitPlan) -> _EncodedPlan:
-        """The cost-independent encoding of ``plan``: keys and the checks' fixed arguments.
+        """The cost-independent encoding of ``plan``: keys, the plan argument, the decoder.
 
         The limiter caches plans per (route, priority), so this runs once per
-        plan (recognised by identity); a call then fills in its amounts.
+        plan (recognised by identity); a call then adds its amounts.
         """
         cached = self._plan_cache.get(id(plan))
         if cached is None or cached[0] is not plan:
@@ -225,17 +305,42 @@ class RedisBackend:
         return cached
 
     def _encode_admit(self, op: AdmitOp) -> tuple[str, list[Any], list[Any], Any]:
-        _, scopes, _, keys, tail = self._encoded(op.plan)
-        args: list[Any] = [op.lease_id or "", _fmt(op.aimd.recover_per_second), *tail]
-        at = _HEAD
-        for amount, allowed in zip(op.amounts, op.allowed, strict=True):
-            args[at + _ALLOWED] = _fmt(allowed)
-            args[at + _AMOUNT] = _fmt(amount)
-            at += _PER_CHECK
+        """Two arguments whatever the plan: the fixed plan, and this call's amounts.
+
+        redis-py packs every argument in Python, so few arguments are what
+        makes one admission cheap on the client.
+        """
+        encoded = self._encoded(op.plan)
+        parts = [op.lease_id or "-", repr(op.aimd.recover_per_second)]
+        for allowed, amount in zip(op.allowed, op.amounts):  # noqa: B905 - parallel by design
+            parts.append(repr(allowed))
+            parts.append(repr(amount))
+        return "admit", encoded[3], [encoded[4], " ".join(parts)], encoded[5]
+
+    def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
+        lease = [plan.lease_scope] if plan.lease_scope is not None else []
+        scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
+        index = {s: i + 1 for i, s in enumerate(scopes)}
+        words = [_fmt(LEASE_POLL_SECONDS), str(len(scopes))]
+        for c in plan.checks:
+            extra = c.offset if c.kind is CheckKind.DAY else c.ttl
+            words += [
+                str(index[c.scope]),
+                c.dimension.value,
+                c.kind.value,
+                _fmt(c.capacity),
+                _fmt(c.rate),
+                "1" if c.scaled else "0",
+                _fmt(extra),
+            ]
+        names = [self._key("s", scope) for scope in scopes]
+        if plan.lease_scope is not None:
+            names.append(self._key("l", plan.lease_scope))
 
         def decode(reply: list[Any]) -> AdmitResult:
             if len(reply) == 2:
-                return AdmitResult(granted=True, now=float(reply[1]))
+                granted = (True, float(reply[1]), 0.0, None, None, False, None)
+                return _new_tuple(AdmitResult, granted)
             _, now, wait, scope_i, field, never, paused, reason = reply
             scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
             return AdmitResult(
@@ -248,36 +353,15 @@ class RedisBackend:
                 paused_reason=str(reason) if int(paused) else None,
             )
 
-        return "admit", keys, args, decode
-
-    def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
-        lease = [plan.lease_scope] if plan.lease_scope is not None else []
-        scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
-        index = {s: i + 1 for i, s in enumerate(scopes)}
-        tail = [_fmt(LEASE_POLL_SECONDS), str(len(scopes))]
-        for c in plan.checks:
-            extra = c.offset if c.kind is CheckKind.DAY else c.ttl
-            tail += [
-                str(index[c.scope]),
-                c.dimension.value,
-                c.kind.value,
-                _fmt(c.capacity),
-                "",  # the allowance, per call
-                "",  # the amount, per call
-                _fmt(c.rate),
-                "1" if c.scaled else "0",
-                _fmt(extra),
-            ]
         # Pre-encoded: redis-py passes bytes through without converting them again.
-        keys = [k.encode() for k in self._keys(scopes)]
-        return (plan, scopes, index, keys, [a.encode() for a in tail])
+        keys = [k.encode() for k in names]
+        return (plan, scopes, index, keys, " ".join(words).encode(), decode)
 
     def _encode_settle(self, op: SettleOp) -> tuple[str, list[Any], list[Any], Any]:
         plan = op.plan
-        _, _, index, keys, _ = self._encoded(plan)
-        lease_scope = plan.lease_scope
-        lease_i = index[lease_scope] if lease_scope and op.lease_id else 0
-        args = [_fmt(op.aimd.recover_per_second), str(lease_i), op.lease_id or ""]
+        _, _, index, keys, _, _ = self._encoded(plan)
+        has_lease = plan.lease_scope is not None and op.lease_id is not None
+        args = [_fmt(op.aimd.recover_per_second), "1" if has_lease else "0", op.lease_id or ""]
         for c, delta in zip(op.checks, op.deltas, strict=True):
             args += [
                 str(index[c.scope]),
@@ -309,7 +393,25 @@ class RedisBackend:
                 "" if t.remaining is None else _fmt(t.remaining),
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
-        return "observe", [f"{self.prefix}s:{op.scope}"], args, float
+        return "observe", [self._key("s", op.scope)], args, float
+
+
+def _decode_learned(scopes: tuple[str, ...], reply: list[Any]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    at = 0
+    for scope in scopes:
+        count = int(reply[at])
+        items = reply[at + 1 : at + 1 + 2 * count]
+        at += 1 + 2 * count
+        limits: dict[str, int] = {}
+        for name, value in zip(items[::2], items[1::2], strict=True):
+            try:
+                limits[str(name)] = int(float(value))
+            except ValueError:
+                continue  # not ours to interpret
+        if limits:
+            out[scope] = limits
+    return out
 
 
 def _scopes_of(first: tuple[str, ...], more: Any) -> tuple[str, ...]:

@@ -7,8 +7,11 @@
     └── AdmissionRejected   reserve() of a cost larger than a limit itself
 
 Settling: a reservation holds the *estimated* cost (input tokens and the max
-output tokens).  :meth:`Reservation.settle` with the actual usage refunds the
-difference when usage was lower, and charges the excess when it was higher:
+output tokens).  :meth:`Reservation.settle` with the actual usage settles as
+the provider's accounting profile says (:mod:`rateloop.admission.profile`):
+input is corrected to the usage; unused output is refunded where the provider
+corrects it (Anthropic, Bedrock, Azure, generic) and kept where it keeps
+``max_tokens`` (OpenAI).  Usage above the estimate is charged:
 the bucket's level may then exceed its capacity (a debt), and later calls
 wait until it has drained.  :meth:`Reservation.release` is for a call that
 was rejected: every token goes back, the request itself stays counted
@@ -22,9 +25,10 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rateloop.admission.plan import AdmitPlan, Check, Priority, SettleOp
+from rateloop.admission.profile import usage_charge
 from rateloop.errors import RateloopError
 from rateloop.outcome import Status
 from rateloop.route import Cost, Route
@@ -182,9 +186,11 @@ class Reservation:
         if not (type(output_tokens) is int or _is_count(output_tokens)) or output_tokens < 0:
             _bad_usage("output_tokens", output_tokens)
         cost = self.cost
-        d_in = input_tokens - cost.input_tokens
-        d_out = output_tokens - cost.output_tokens
-        return self._op((d_in, d_out, d_in + d_out))
+        return self._op(
+            self.plan.profile.settle_deltas(
+                (cost.input_tokens, cost.output_tokens), (input_tokens, output_tokens)
+            )
+        )
 
     def _release_op(self) -> SettleOp | None:
         cost = self.cost
@@ -230,6 +236,19 @@ class Reservation:
     async def asettle(self, input_tokens: int, output_tokens: int) -> None:
         op = self._settle_op(input_tokens, output_tokens)
         await self._afinish(op)
+
+    def settle_usage(self, usage: Any) -> None:
+        """Settle against a provider's usage object (or its JSON), read as its profile says.
+
+        ``usage`` is e.g. ``response.usage`` of the OpenAI or Anthropic SDK,
+        ``usage_metadata`` of google-genai, or Bedrock's ``usage``; cache
+        reads are left out where the provider does not count them
+        (:func:`rateloop.admission.profile.usage_charge`).
+        """
+        self.settle(*usage_charge(self.plan.profile, usage))
+
+    async def asettle_usage(self, usage: Any) -> None:
+        await self.asettle(*usage_charge(self.plan.profile, usage))
 
     def release(self) -> None:
         """Give back every token (the request stays counted); a second call does nothing."""

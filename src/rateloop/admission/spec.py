@@ -11,8 +11,10 @@ In a policy file::
     day_resets_at = "00:00"       # UTC, for the fixed window
     concurrency = 8
     lease_ttl_secs = 600
-    burst = 1.0                   # fraction of a minute's allowance usable at once
+    burst = 0.5                   # fraction of a minute's allowance usable at once
+                                  # (unset: the profile's pacing, 1 s of the rate)
     reserve = 0.1                 # fraction kept back from each lower priority class
+    profile = "openai"            # how usage is charged (unset: the route's provider)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, fields
 from difflib import get_close_matches
 from typing import Any, Literal
 
+from rateloop.admission.profile import PROFILES
 from rateloop.errors import ConfigError
 
 __all__ = ["LimitSpec"]
@@ -52,8 +55,9 @@ class LimitSpec:
     day_resets_at: str = "00:00"
     concurrency: int | None = None
     lease_ttl_secs: float = 600.0
-    burst: float = 1.0
+    burst: float | None = None
     reserve: float = 0.0
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         errors = _validate(self, source=None, prefix="")
@@ -148,13 +152,13 @@ def _validate(spec: LimitSpec, *, source: str | None, prefix: str) -> list[Confi
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 1 <= ttl <= 86_400:
         bad("lease_ttl_secs", ttl, "a number of seconds from 1 to 86400")
     burst = spec.burst
-    if (
+    if burst is not None and (
         isinstance(burst, bool)
         or not isinstance(burst, int | float)
         or math.isnan(burst)
         or not 0 < burst <= 1
     ):
-        bad("burst", burst, "a fraction 0 < burst <= 1")
+        bad("burst", burst, "a fraction 0 < burst <= 1, or unset for the profile's pacing")
     reserve = spec.reserve
     if (
         isinstance(reserve, bool)
@@ -163,4 +167,6 @@ def _validate(spec: LimitSpec, *, source: str | None, prefix: str) -> list[Confi
         or not 0 <= reserve < 0.5
     ):
         bad("reserve", reserve, "a fraction 0 <= reserve < 0.5")
+    if spec.profile is not None and spec.profile not in PROFILES:
+        bad("profile", spec.profile, ", ".join(repr(p) for p in PROFILES))
     return errors

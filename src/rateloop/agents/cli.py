@@ -185,6 +185,15 @@ def run_command(
             " 90m, 6h, 3600, ...), wait for it with a countdown, then run once more.",
         ),
     ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            metavar="URL",
+            help="On a usage limit, park the step in this task store (sqlite:///path,"
+            " postgresql://...) for `rateloop worker` to run at the reset, instead of exit 75.",
+        ),
+    ] = None,
     stdin: Annotated[
         bool,
         typer.Option(
@@ -204,6 +213,13 @@ def run_command(
             )
     if timeout is not None and timeout == 0:
         raise typer.BadParameter("must be > 0 seconds, got 0", param_hint="--timeout")
+    if queue is not None:
+        from rateloop.tasks.store import check_store_url
+
+        try:
+            check_store_url(queue)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--queue") from None
     reset_limit = None
     if wait_for_reset is not None:
         try:
@@ -250,6 +266,14 @@ def run_command(
                 err=True,
             )
         raise typer.Exit(stop.exit_code) from None
+    if queue is not None and outcome.status.value.startswith("waiting_for_"):
+        from rateloop.agents.step import RESET_MARGIN_SECS
+        from rateloop.tasks.agent_steps import park_from_cli
+
+        raise typer.Exit(park_from_cli(
+            queue, command, outcome, margin_secs=RESET_MARGIN_SECS, agent=agent,
+            model=model, timeout=timeout, label=label,
+        ))
     if outcome.ok and isinstance(outcome.value, str):
         sys.stdout.write(outcome.value)
         sys.stdout.flush()

@@ -11,7 +11,9 @@ into a :class:`~rateloop.signal.LimitSignal`.
 The rule that matters most: a 429 is a signal to classify, not an order to
 retry.  Billing, credit and "exceeded your current quota" are ``spend``; an
 exhausted day or month window is ``period_quota``; neither is retryable in the
-short loop.  See ``docs/classify.md``.
+short loop.  A throttle whose earliest retry is beyond the pause limit is a
+spent period too (the far-wait rule, ``pause_limit=`` on every reader).  See
+``docs/classify.md``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
-from rateloop.classify._phrases import find, find_all, wait_in
+from rateloop.classify._phrases import dimension_of, find, find_all, period_of, wait_in
 from rateloop.classify._time import reset_value
 from rateloop.classify._when import at_reset, clock_reset
 from rateloop.classify.google import next_pacific_midnight
@@ -49,10 +49,11 @@ _CLAUDE_LIMIT = re.compile(
     r"hit your (?:(session|weekly|opus|sonnet|daily|5-hour|usage|org(?:anization)?(?:'s|’s)?) )?"
     r"limit\b"
 )
-_LIMIT_REACHED = re.compile(
-    r"(?:\d{1,2}[- ]hour|session|weekly|daily|opus|sonnet|usage|plan) limit "
-    r"(?:reached|exceeded|hit)\b"
-)
+# Literal first ("limit reached"), the word before it checked on a short slice:
+# an alternation in front would be tried at every character.
+_LIMIT_REACHED = re.compile(r"limit (?:reached|exceeded|hit)\b")
+_LIMIT_WHICH = re.compile(r"(?:\d{1,2}[- ]hour|session|weekly|daily|opus|sonnet|usage|plan) $")
+_TAIL = 4_000
 _RETRYING = re.compile(
     r"retrying in (\d{1,7}(?:\.\d{1,6})?) ?(?:seconds?|secs?|s)\b"
     r"[^\n]{0,24}?attempt \d{1,3}/\d{1,3}"
@@ -91,26 +92,33 @@ def _claude_limit(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
 
 
 def _limit_reached(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
-    found = find(_LIMIT_REACHED, low)
-    if found is None:
+    phrase = None
+    for match in find_all(_LIMIT_REACHED, low):
+        which = _LIMIT_WHICH.search(low, max(0, match.start() - 8), match.start())
+        if which is not None:
+            phrase = which.group(0) + match.group(0)
+            break
+    if phrase is None:
         return None
-    phrase = found.group(0)
     own = ("hour", "session", "weekly", "opus", "sonnet")
     claude = "claude" in low or (any(word in phrase for word in own) and "codex" not in low)
     provider = "anthropic" if claude else None
     reset_at = clock_reset(low, now, tz)
     if reset_at is None:
-        return Reading(Kind.PERIOD_QUOTA, " ".join(found.group(0).split()), provider,
+        return Reading(Kind.PERIOD_QUOTA, " ".join(phrase.split()), provider,
                        wait=wait_in(low))
-    return Reading(Kind.PERIOD_QUOTA, " ".join(found.group(0).split()), provider,
+    return Reading(Kind.PERIOD_QUOTA, " ".join(phrase.split()), provider,
                    reset_at=reset_at)
 
 
 def _claude_retrying(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
     """``API Error (429 …) · Retrying in 5 seconds… (attempt 3/10)``: the last such line."""
-    matches = list(find_all(_RETRYING, low))
+    tail = low[-_TAIL:]
+    matches = list(find_all(_RETRYING, tail)) or list(find_all(_RETRYING, low))
     if not matches:
         return None
+    if matches[-1].string is tail:
+        low = tail
     last = matches[-1]
     start = low.rfind("\n", 0, last.start()) + 1
     line = low[start : last.start()]
@@ -135,7 +143,7 @@ _CODEX_MARKS = ("codex", "chatgpt", "openai.com", "try again at", "try again in"
                 "send a request to your admin", "purchase more credits", "upgrade to plus",
                 "upgrade to pro")
 _CODEX_NOT_INCLUDED = re.compile(r"to use codex with your chatgpt plan, upgrade to plus")
-_HIGH_DEMAND = re.compile(r"(?:currently )?experiencing high demand\b")
+_HIGH_DEMAND = re.compile(r"experiencing high demand\b")
 _USAGE_LIMIT_JSON = re.compile(r"usage_limit_reached\b")
 _RESETS_IN = re.compile(r"\"resets_in_seconds\"\s?:\s?(\d{1,12})")
 _RESETS_AT = re.compile(r"\"resets_at\"\s?:\s?(\d{9,13})")
@@ -219,8 +227,6 @@ _NO_CAPACITY = re.compile(r"no capacity available for model\b")
 
 
 def _gemini(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
-    from rateloop.classify._phrases import dimension_of, period_of
-
     if find(_CAPACITY, low) is not None:
         return Reading(Kind.TEMPORARY, "exhausted your capacity", "google", wait=wait_in(low))
     metric = find(_QUOTA_METRIC, low)

@@ -5,10 +5,15 @@ How it works:
 1. :func:`~rateloop.classify._evidence.gather` normalizes the headers and body;
    headers a gateway nested in the body (OpenRouter) are lifted out.
 2. The provider is the caller's, else :func:`detect_provider`'s guess.
-3. Provider rules run, the detected provider's first; the first that
-   recognises the response wins.  When none does,
-   :func:`~rateloop.classify._rules.by_status` decides from the status code
-   and the shared spend / period / throttle phrases.
+3. Failures inside a 2xx envelope (MiniMax ``base_resp``, Zhipu codes, an
+   error object in a 200 body or stream) are read first
+   (:func:`~rateloop.classify._traps.envelope`).  Then provider rules run,
+   the detected provider's first; the first that recognises the response
+   wins.  When none does, :func:`~rateloop.classify._rules.by_status` decides
+   from the status code and the shared spend / period / throttle phrases.
+   :func:`~rateloop.classify._traps.reconcile` then corrects a finding that
+   stronger evidence contradicts (a spend phrase in a 500, a rate limit sent
+   as ``invalid_request_error``).
 4. The signal is completed from generic evidence: the largest server-stated
    minimum wait (``retry-after-ms``, ``retry-after``, a wait in the message,
    then JSON reset fields), the observed limits (on every response, 200s
@@ -29,6 +34,7 @@ from rateloop.classify._far import far_wait_threshold, settle_kind
 from rateloop.classify._http import body_reset, exhausted, observe, retry_after_raw
 from rateloop.classify._rules import by_status
 from rateloop.classify._time import add_seconds
+from rateloop.classify._traps import envelope, reconcile
 from rateloop.signal import MAX_WAIT_SECONDS, Kind, LimitSignal, Observed
 
 __all__ = ["classify", "resolve_now", "signal_from"]
@@ -106,15 +112,15 @@ def signal_from(ev: Evidence, *, threshold: float | None = None) -> LimitSignal:
     default pause limit); see :mod:`rateloop.classify._far`.
     """
     observed: tuple[Observed, ...] = observe(ev.headers, ev.now, provider=ev.provider)
-    finding: Finding | None = None
-    if ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
+    finding: Finding | None = envelope(ev) if ev.status is not None else None
+    if finding is None and ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
         for rule in _ordered(ev.provider):
             finding = rule(ev)
             if finding is not None:
                 break
     if finding is None:
         finding = by_status(ev)
-    return _finish(ev, finding, observed, far_wait_threshold(threshold))
+    return _finish(ev, reconcile(ev, finding), observed, far_wait_threshold(threshold))
 
 
 def _finish(

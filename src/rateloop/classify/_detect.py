@@ -28,17 +28,22 @@ PROVIDERS = (
     "anthropic",
     "azure",
     "bedrock",
+    "cerebras",
     "cohere",
     "deepseek",
     "github",
     "google",
     "groq",
+    "minimax",
     "mistral",
+    "moonshot",
+    "ollama",
     "openai",
     "openrouter",
     "slack",
     "together",
     "xai",
+    "zhipu",
 )
 
 _HEADER_MARKS: tuple[tuple[str, str], ...] = (
@@ -54,6 +59,7 @@ _HEADER_MARKS: tuple[tuple[str, str], ...] = (
     ("azureml-model-session", "azure"),
     ("x-ms-retry-after-ms", "azure"),
     ("openai-", "openai"),
+    ("x-codex-", "openai"),
     ("x-ratelimitbysize-", "mistral"),
     ("mistral-correlation-id", "mistral"),
     ("x-tokenlimit-", "together"),
@@ -61,12 +67,20 @@ _HEADER_MARKS: tuple[tuple[str, str], ...] = (
     ("x-trial-endpoint-call-", "cohere"),
     ("x-endpoint-monthly-call-", "cohere"),
     ("x-goog-", "google"),
+    ("x-ratelimit-limit-requests-day", "cerebras"),
+    ("x-ratelimit-limit-tokens-minute", "cerebras"),
     ("x-gemini-", "google"),
     ("x-amzn-requestid", "bedrock"),
 )
 
 _MENTIONS: tuple[tuple[str, str], ...] = (
     ("azure openai", "azure"),
+    ("minimax", "minimax"),
+    ("bigmodel.cn", "zhipu"),
+    ("api.z.ai", "zhipu"),
+    ("moonshot", "moonshot"),
+    ("cerebras", "cerebras"),
+    ("ollama.com", "ollama"),
     ("openrouter", "openrouter"),
     ("groq.com", "groq"),
     ("anthropic.com", "anthropic"),
@@ -118,6 +132,8 @@ def _from_shape(data: Any) -> str | None:
         return "google"
     if isinstance(err.get("metadata"), Mapping):
         return "openrouter"
+    if isinstance(data, Mapping) and isinstance(data.get("base_resp"), Mapping):
+        return "minimax"
     return None
 
 

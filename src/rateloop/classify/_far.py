@@ -4,7 +4,9 @@ How it works: a throttle says "wait"; how long decides what it is.  A wait
 the loop may sleep through in one pause (at most the pause limit) is a short
 throttle (``temporary``), whatever window the message names — "requests per
 day … try again in 8.64s" is a continuously refilled bucket handing back one
-slot.  A wait longer than the pause limit is a spent allowance
+slot, as long as that slot comes back within :data:`REFILL_SECS` (a minute):
+a day-named limit that hands back one slot every few minutes is spent for
+practical purposes.  A wait longer than the pause limit is a spent allowance
 (``period_quota``) whatever its wording — "please wait a moment and try
 again in 12702s" is not a short throttle, and neither is Copilot's "Please
 try again in 58 hours".  ``reset_at`` then keeps the real distance, even past
@@ -25,7 +27,12 @@ from functools import cache
 from rateloop.classify._time import add_seconds
 from rateloop.signal import Kind
 
-__all__ = ["default_pause_limit", "far_wait_threshold", "settle_kind"]
+__all__ = ["REFILL_SECS", "default_pause_limit", "far_wait_threshold", "settle_kind"]
+
+#: A day-named limit whose stated wait is at most this many seconds is a
+#: continuously refilled bucket ("requests per day … try again in 8.64s"):
+#: a short throttle.  Longer, the day named decides: a spent period.
+REFILL_SECS = 60.0
 
 
 @cache
@@ -67,12 +74,13 @@ def settle_kind(
     ``wait`` is the unclamped earliest retry in seconds.  A ``temporary``
     whose wait exceeds ``threshold`` becomes ``period_quota`` (``reset_at`` =
     ``now + wait`` unless already known).  A ``period_quota`` named only by a
-    phrase (``soft_period``) whose stated wait fits becomes ``temporary``.
+    phrase (``soft_period``) whose stated wait is at most :data:`REFILL_SECS`
+    (and fits the threshold) becomes ``temporary``.
     """
     if wait is None:
         return kind, reset_at
     if kind is Kind.TEMPORARY and wait > threshold:
         return Kind.PERIOD_QUOTA, reset_at or add_seconds(now, wait)
-    if kind is Kind.PERIOD_QUOTA and soft_period and wait <= threshold:
+    if kind is Kind.PERIOD_QUOTA and soft_period and wait <= min(threshold, REFILL_SECS):
         return Kind.TEMPORARY, None
     return kind, reset_at

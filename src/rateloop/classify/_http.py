@@ -166,6 +166,9 @@ _FAMILIES: tuple[tuple[str, str, Dimension, float | dict[str | None, float] | No
     # Together documents neither header's window (and its limits are dynamic).
     ("x-tokenlimit-", "", Dimension.TOKENS, None),
     ("x-ratelimitbysize-", "-minute", Dimension.TOKENS, _MINUTE),
+    # Cerebras names the window in the header: requests per day, tokens per minute.
+    ("x-ratelimit-", "-requests-day", Dimension.REQUESTS_PER_DAY, _DAY),
+    ("x-ratelimit-", "-tokens-minute", Dimension.TOKENS, _MINUTE),
     # Single-window: GitHub's is per hour; OpenRouter's and Together's are not stated.
     ("x-ratelimit-", "", Dimension.REQUESTS, {"github": _HOUR}),
     # The older RateLimit-Limit draft carries its window only in a policy.

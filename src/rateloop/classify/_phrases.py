@@ -32,6 +32,7 @@ __all__ = [
     "spend_of",
     "wait_in",
     "wait_matches",
+    "without_google_sentence",
 ]
 
 
@@ -39,14 +40,25 @@ def _word(char: str) -> bool:
     return char.isalnum() or char == "_"
 
 
-def find_all(pattern: re.Pattern[str], low: str, *, also: str = "") -> Iterator[re.Match[str]]:
+#: At most this many matches of one pattern are looked at: a refusal names
+#: its limit a few times, and only hostile text repeats a phrase thousands of
+#: times (each look costs Python time, the regex scan itself does not).
+MAX_CANDIDATES = 64
+
+
+def find_all(
+    pattern: re.Pattern[str], low: str, *, also: str = "", limit: int = MAX_CANDIDATES
+) -> Iterator[re.Match[str]]:
     """Matches of ``pattern`` in lowercase ``low`` that start at a word boundary.
 
     A match whose first character is a word character must not follow one
     (the ``\\b`` the pattern leaves out); ``also`` names more characters that
     must not precede it (``"."`` keeps ``foo.429`` from reading as a 429).
+    Only the first ``limit`` matches are looked at.
     """
-    for match in pattern.finditer(low):
+    for looked, match in enumerate(pattern.finditer(low)):
+        if looked >= limit:
+            return
         start = match.start()
         if start == 0 or not _word(low[start]):
             yield match
@@ -75,6 +87,7 @@ _SPEND: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"billing[_ ](?:hard[_ ]limit|not[_ ]active|error|details)\b", "billing"),
         (r"payment[_ ]required\b", "payment required"),
         (r"add funds\b", "add funds"),
+        (r"余额不足", "insufficient balance"),
     )
 )
 
@@ -91,8 +104,9 @@ _GOOGLE_SENTENCE = re.compile(
 _PERIOD: tuple[tuple[re.Pattern[str], str, Dimension | None, bool], ...] = tuple(
     (re.compile(pattern), canonical, dimension, bounded)
     for pattern, canonical, dimension, bounded in (
-        (r"requests per day\b|\(rpd\)", "requests per day", Dimension.REQUESTS_PER_DAY, True),
-        (r"tokens per day\b|\(tpd\)", "tokens per day", Dimension.TOKENS_PER_DAY, True),
+        (r"requests per day\b|\(rpd\)|rpd\b", "requests per day", Dimension.REQUESTS_PER_DAY,
+         True),
+        (r"tokens per day\b|\(tpd\)|tpd\b", "tokens per day", Dimension.TOKENS_PER_DAY, True),
         (r"requests?perday|requests?_per_(?:\w+_)?day", "requests per day",
          Dimension.REQUESTS_PER_DAY, False),
         (r"tokens?(?:count)?perday|tokens?_per_(?:\w+_)?day", "tokens per day",
@@ -103,6 +117,8 @@ _PERIOD: tuple[tuple[re.Pattern[str], str, Dimension | None, bool], ...] = tuple
         (r"per[ _-]?month\b|monthly (?:limit|quota)\b|/ ?month\b", "per month", None, True),
         (r"permonth\b", "per month", None, False),
         (r"weekly (?:limit|quota)\b|per[ _-]?week\b", "per week", None, True),
+        # Ollama Cloud: "you have reached your session usage limit" / hourly / weekly.
+        (r"(?:session|hourly|weekly|daily|monthly) usage limit\b", "usage limit", None, True),
     )
 )
 
@@ -111,9 +127,9 @@ _DIMENSIONS: tuple[tuple[re.Pattern[str], Dimension], ...] = tuple(
     for pattern, dimension in (
         (r"input[ _-]tokens?\b", Dimension.INPUT_TOKENS),
         (r"output[ _-]tokens?\b", Dimension.OUTPUT_TOKENS),
-        (r"tokens per min(?:ute)?\b|\(tpm\)|token rate limit\b|too many tokens\b",
+        (r"tokens per min(?:ute)?\b|\(tpm\)|tpm\b|token rate limit\b|too many tokens\b",
          Dimension.TOKENS),
-        (r"requests per min(?:ute)?\b|\(rpm\)|call rate limit\b|too many requests\b",
+        (r"requests per min(?:ute)?\b|\(rpm\)|rpm\b|call rate limit\b|too many requests\b",
          Dimension.REQUESTS),
         (r"concurren(?:t|cy)\b", Dimension.CONCURRENCY),
     )
@@ -148,13 +164,34 @@ _TOO_LARGE = re.compile(
 )
 
 
+# Words every pattern of a family contains: a family whose words are all
+# absent is skipped with a few ``in`` tests (C-speed substring search).
+_SPEND_WORDS = ("quota", "credit", "balance", "spend", "billing", "payment", "funds", "余额")
+_PERIOD_WORDS = ("day", "month", "week", "rpd", "tpd", "usage limit")
+_DIMENSION_WORDS = ("token", "request", "tpm", "rpm", "concurren", "call rate")
+_WAIT_WORDS = ("again", "retry", "wait", "reset")
+_FIT_WORDS = ("limit", "request", "too large", "too long", "context", "maximum", "bytes")
+
+
 def _lowered(text: str) -> str:
     return text[:_MAX_SCAN].lower()
+
+
+def _mentions(low: str, words: tuple[str, ...]) -> bool:
+    return any(word in low for word in words)
+
+
+def without_google_sentence(text: str) -> str:
+    """``text`` without Google's "exceeded your current quota, please check your plan
+    and billing details", which Google sends for every quota 429 (per-minute too)."""
+    return _GOOGLE_SENTENCE.sub(" ", text[:_MAX_SCAN].lower())
 
 
 def spend_of(text: str) -> str | None:
     """The spend phrase in ``text`` (billing, credit, exhausted quota), or ``None``."""
     low = _lowered(text)
+    if not _mentions(low, _SPEND_WORDS):
+        return None
     if any(mark in low for mark in _GOOGLE_MARKS):
         low = _GOOGLE_SENTENCE.sub(" ", low)
     for pattern, canonical in _SPEND:
@@ -166,6 +203,8 @@ def spend_of(text: str) -> str | None:
 def period_of(text: str) -> tuple[str, Dimension | None] | None:
     """The day/week/month window named in ``text`` and its dimension, or ``None``."""
     low = _lowered(text)
+    if not _mentions(low, _PERIOD_WORDS):
+        return None
     for pattern, canonical, dimension, bounded in _PERIOD:
         if (find(pattern, low) if bounded else pattern.search(low)) is not None:
             return canonical, dimension
@@ -175,6 +214,8 @@ def period_of(text: str) -> tuple[str, Dimension | None] | None:
 def dimension_of(text: str) -> Dimension | None:
     """The per-minute limit dimension a message names (TPM, RPM, input tokens …)."""
     low = _lowered(text)
+    if not _mentions(low, _DIMENSION_WORDS):
+        return None
     for pattern, dimension in _DIMENSIONS:
         if find(pattern, low) is not None:
             return dimension
@@ -184,6 +225,8 @@ def dimension_of(text: str) -> Dimension | None:
 def wait_matches(text: str) -> Iterator[float]:
     """Every wait stated in prose, in order, unclamped (seconds)."""
     low = _lowered(text)
+    if not _mentions(low, _WAIT_WORDS):
+        return
     for match in find_all(_WAIT, low):
         seconds = parse_duration(match.group(1).strip().rstrip(",").strip())
         if seconds is not None:
@@ -206,6 +249,8 @@ def never_fits(text: str) -> str | None:
     "Limit 30000, Used 29871, Requested 1200" fits once the window refills.
     """
     low = _lowered(text)
+    if not _mentions(low, _FIT_WORDS):
+        return None
     for match in find_all(_LIMIT_REQUESTED, low):
         if int(match.group(2)) > int(match.group(1)):
             return "requested exceeds limit"

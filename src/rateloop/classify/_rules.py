@@ -23,7 +23,11 @@ from rateloop.signal import Kind
 
 __all__ = ["by_status", "code_of", "message_of", "overloaded", "throttle"]
 
-_OVERLOADED = re.compile(r"\boverloaded\b|\bover capacity\b|\bat capacity\b", re.IGNORECASE)
+_OVERLOADED = re.compile(
+    r"\boverloaded\b|\bover capacity\b|\bat capacity\b|\bhigh demand\b|"
+    r"\bno capacity available\b",
+    re.IGNORECASE,
+)
 _MAX_MESSAGE = 20_000
 
 

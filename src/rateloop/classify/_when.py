@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta, tzinfo
-from functools import cache
+from functools import cache, lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from rateloop.classify._phrases import find_all
@@ -60,7 +60,7 @@ def _zones_by_lower_name() -> dict[str, str]:
     return {name.lower(): name for name in available_timezones()}
 
 
-@cache
+@lru_cache(maxsize=256)  # bounded: zone names come from untrusted text
 def zone_named(name: str) -> tzinfo | None:
     """The zone called ``name`` in any letter case (``asia/calcutta``), or ``None``."""
     if not name or len(name) > 64:
@@ -134,6 +134,18 @@ def clock_reset(low: str, now: datetime, tz: tzinfo | None = None) -> datetime |
     is not a time); a date alone means midnight.  ``None`` when nothing in
     ``low`` reads as a reset time.
     """
+    tail = low[-_TAIL:]
+    found = _last_clock(tail, now, tz)
+    if found is None and len(low) > _TAIL:
+        found = _last_clock(low, now, tz)
+    return found
+
+
+#: The last reset is looked for in the last few thousand characters first.
+_TAIL = 4_000
+
+
+def _last_clock(low: str, now: datetime, tz: tzinfo | None) -> datetime | None:
     found: datetime | None = None
     for match in find_all(_CLOCK, low):
         month_name, day_text, hour_text, minute_text, meridiem, zone_name = match.groups()

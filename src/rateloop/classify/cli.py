@@ -5,8 +5,10 @@ Many Requests`` or ``HTTP/2 429``), headers, a blank line, the body.  CRLF or
 LF line ends are accepted, and when there are several header blocks (a
 ``100 Continue``, a redirect followed with ``-L``, a proxy's ``200 Connection
 established``) the last one is the response.  ``--text`` reads an agent's
-output instead (with ``--exit-code``).  The signal is printed as JSON; the
-exit code is 0 whatever the kind, and 2 when the input cannot be read.
+output instead (with ``--exit-code``).  The signal is printed as one line
+saying what it means (:func:`meaning`) above its JSON; ``--json`` prints the
+JSON alone, for scripts.  The exit code is 0 whatever the kind, and 2 when the
+input cannot be read.
 """
 
 from __future__ import annotations
@@ -22,13 +24,50 @@ import typer
 
 from rateloop.classify._core import classify
 from rateloop.classify.text import classify_text
-from rateloop.signal import LimitSignal
+from rateloop.signal import Kind, LimitSignal
 
-__all__ = ["parse_http_message", "register", "signal_as_dict"]
+__all__ = ["meaning", "parse_http_message", "register", "signal_as_dict"]
 
 _STATUS_LINE = re.compile(r"^HTTP/(\d(?:\.\d)?)\s+(\d{3})(?:\s+(.*))?$", re.IGNORECASE)
 _HEADER = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*)$")
 _EXIT_UNREADABLE = 2
+
+
+_MEANINGS: dict[Kind, str] = {
+    Kind.OK: "the call succeeded; nothing to do",
+    Kind.TEMPORARY: "a short throttle — {wait} and retry",
+    Kind.PERIOD_QUOTA: "an allowance for a period (hours, a day, a month) is spent — "
+    "it returns{reset}; waiting minutes will not help",
+    Kind.SPEND: "billing — a person must add credit; retrying will not help",
+    Kind.PERMISSION: "the key or account was refused — fix the credentials; "
+    "retrying will not help",
+    Kind.INVALID: "the request itself cannot succeed (malformed or larger than its limit) — "
+    "change it; retrying will not help",
+    Kind.OVERLOAD: "the provider is overloaded — retry later{wait_later} or fall back",
+    Kind.SERVER_ERROR: "the provider failed — the same request may succeed later{wait_later}",
+    Kind.NETWORK: "no response arrived — retry{wait_later}",
+    Kind.UNKNOWN: "not recognised — surfaced as it is, not retried",
+}
+
+
+def meaning(signal: LimitSignal) -> str:
+    """One line a person can act on: ``"<kind>: <what it means and what to do>"``.
+
+    >>> from rateloop.signal import Kind, LimitSignal
+    >>> meaning(LimitSignal.of(Kind.SPEND))
+    'spend: billing — a person must add credit; retrying will not help'
+    >>> meaning(LimitSignal.of(Kind.TEMPORARY, retry_after=20.0))
+    'temporary: a short throttle — wait at least 20 s and retry'
+    """
+    wait = (
+        f"wait at least {signal.retry_after:g} s"
+        if signal.retry_after is not None
+        else "back off briefly"
+    )
+    reset = f" at {signal.reset_at.isoformat()}" if signal.reset_at is not None else ""
+    later = f" (at least {signal.retry_after:g} s)" if signal.retry_after is not None else ""
+    text = _MEANINGS[signal.kind].format(wait=wait, reset=reset, wait_later=later)
+    return f"{signal.kind.value}: {text}"
 
 
 def signal_as_dict(signal: LimitSignal) -> dict[str, Any]:
@@ -46,6 +85,7 @@ def signal_as_dict(signal: LimitSignal) -> dict[str, Any]:
         "matched": signal.matched,
         "scope": signal.scope,
         "operation": signal.operation,
+        "malformed": list(signal.malformed),
         "observed": [
             {
                 "dimension": o.dimension.value,
@@ -151,8 +191,11 @@ def classify_command(
         str | None,
         typer.Option("--provider", help="The provider, instead of detecting it (e.g. openai)."),
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the bare JSON only (no meaning line).")
+    ] = False,
 ) -> None:
-    """Classify a saved HTTP response or a CLI agent's output; print the signal as JSON."""
+    """Classify a saved HTTP response or a CLI agent's output: what it means, then its JSON."""
     if exit_code is not None and not text:
         raise _fail("--exit-code only applies with --text")
     try:
@@ -166,6 +209,8 @@ def classify_command(
         raise _fail(str(exc)) from exc
     if text and provider:
         signal = _with_provider(signal, provider)
+    if not as_json:
+        typer.echo(meaning(signal))
     typer.echo(json.dumps(signal_as_dict(signal), indent=2))
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from rateloop.classify._core import classify, resolve_now
 from rateloop.classify._detect import detect_provider
+from rateloop.classify._far import far_wait_threshold
 from rateloop.signal import Kind, LimitSignal
 
 __all__ = ["classify_exception", "classify_response"]
@@ -122,33 +123,40 @@ def _classify_parts(
     *,
     hint: str | None,
     now: datetime,
+    limit: float,
 ) -> LimitSignal:
     provider = detect_provider(headers, body) or hint
-    return classify(status, headers, body, provider=provider, now=now)
+    return classify(status, headers, body, provider=provider, now=now, pause_limit=limit)
 
 
-def classify_response(resp: object, *, now: datetime | None = None) -> LimitSignal:
+def classify_response(
+    resp: object, *, now: datetime | None = None, pause_limit: float | None = None
+) -> LimitSignal:
     """Classify an HTTP-like response object (``status_code``, ``headers``, a body).
 
     Works with httpx / httpx2 and requests responses, and anything shaped like
     them (``status`` is accepted for ``status_code``; the body is read from
     ``content``, ``text``, ``body`` or ``data``).  An unread streaming body is
-    skipped rather than read.
+    skipped rather than read.  ``pause_limit`` is the far-wait threshold, as for
+    :func:`~rateloop.classify.classify`.
     """
     moment = resolve_now(now)
+    limit = far_wait_threshold(pause_limit)
     status = _status(resp)
     if status is None:
         raise TypeError(
             f"classify_response needs an object with an int status_code, got {type(resp).__name__}"
         )
-    return _classify_parts(status, _headers(resp), _body(resp), hint=None, now=moment)
+    return _classify_parts(
+        status, _headers(resp), _body(resp), hint=None, now=moment, limit=limit
+    )
 
 
 def _names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
-def _google(exc: BaseException, now: datetime) -> LimitSignal | None:
+def _google(exc: BaseException, now: datetime, limit: float) -> LimitSignal | None:
     module = type(exc).__module__ or ""
     code = _attr(exc, "code")
     if not module.startswith("google.") or not isinstance(code, int) or isinstance(code, bool):
@@ -162,10 +170,10 @@ def _google(exc: BaseException, now: datetime) -> LimitSignal | None:
                           "message": _attr(exc, "message")}}
     response = _attr(exc, "response")
     headers = _headers(response) if response is not None else None
-    return classify(code, headers, body, provider="google", now=now)
+    return classify(code, headers, body, provider="google", now=now, pause_limit=limit)
 
 
-def _botocore(exc: BaseException, now: datetime) -> LimitSignal | None:
+def _botocore(exc: BaseException, now: datetime, limit: float) -> LimitSignal | None:
     response = _attr(exc, "response")
     if not isinstance(response, Mapping) or not isinstance(response.get("Error"), Mapping):
         return None
@@ -178,10 +186,11 @@ def _botocore(exc: BaseException, now: datetime) -> LimitSignal | None:
     body = {"__type": str(error.get("Code", "")), "message": str(error.get("Message", ""))}
     if status is None:
         status = 400
-    return classify(status, headers, body, provider=_module_provider(exc) or "bedrock", now=now)
+    provider = _module_provider(exc) or "bedrock"
+    return classify(status, headers, body, provider=provider, now=now, pause_limit=limit)
 
 
-def _http_error(exc: BaseException, now: datetime) -> LimitSignal | None:
+def _http_error(exc: BaseException, now: datetime, limit: float) -> LimitSignal | None:
     response = _attr(exc, "response")
     if response is None:
         return None
@@ -193,7 +202,7 @@ def _http_error(exc: BaseException, now: datetime) -> LimitSignal | None:
     if body is None and isinstance(_attr(exc, "message"), str):
         body = _attr(exc, "message")
     return _classify_parts(
-        status, _headers(response), body, hint=_module_provider(exc), now=now
+        status, _headers(response), body, hint=_module_provider(exc), now=now, limit=limit
     )
 
 
@@ -225,10 +234,10 @@ def _network(exc: BaseException) -> LimitSignal | None:
     return None
 
 
-def _one(exc: BaseException, now: datetime) -> LimitSignal | None:
+def _one(exc: BaseException, now: datetime, limit: float) -> LimitSignal | None:
     for reader in (_google, _botocore, _http_error):
         try:
-            signal = reader(exc, now)
+            signal = reader(exc, now, limit)
         except Exception:  # a half-built SDK object must not hide the network check
             signal = None
         if signal is not None:
@@ -239,7 +248,9 @@ def _one(exc: BaseException, now: datetime) -> LimitSignal | None:
         return None
 
 
-def classify_exception(exc: BaseException, *, now: datetime | None = None) -> LimitSignal:
+def classify_exception(
+    exc: BaseException, *, now: datetime | None = None, pause_limit: float | None = None
+) -> LimitSignal:
     """Classify an exception raised by a provider call; ``unknown`` when unrecognised.
 
     See the module docstring for what is recognised.  ``unknown`` is not
@@ -249,11 +260,12 @@ def classify_exception(exc: BaseException, *, now: datetime | None = None) -> Li
     if not isinstance(exc, BaseException):
         raise TypeError(f"classify_exception needs an exception, got {type(exc).__name__}")
     moment = resolve_now(now)
+    limit = far_wait_threshold(pause_limit)
     current: BaseException | None = exc
     seen: set[int] = set()
     while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
         seen.add(id(current))
-        signal = _one(current, moment)
+        signal = _one(current, moment, limit)
         if signal is not None:
             return signal
         current = current.__cause__ or (

@@ -18,7 +18,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop.classify._evidence import Evidence, Finding, error_object
-from rateloop.classify._phrases import period_of
+from rateloop.classify._phrases import period_of, without_google_sentence
 from rateloop.classify._rules import message_of, overloaded, throttle
 from rateloop.classify._time import parse_duration
 from rateloop.signal import Dimension, Kind
@@ -121,7 +121,10 @@ def _exhausted(ev: Evidence, err: Mapping[str, Any], message: str) -> Finding:
             dimension=_dimension(first, per_day=False),
             retry_after=delay,
         )
-    found = throttle(ev, message=message, code="RESOURCE_EXHAUSTED", matched="RESOURCE_EXHAUSTED")
+    found = throttle(
+        ev, message=without_google_sentence(message), code="RESOURCE_EXHAUSTED",
+        matched="RESOURCE_EXHAUSTED",
+    )
     if delay is not None and found.kind is Kind.TEMPORARY:
         return Finding(
             kind=found.kind,

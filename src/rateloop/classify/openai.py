@@ -44,6 +44,10 @@ def rule(ev: Evidence) -> Finding | None:
     code = code_of(ev)
     if hits := sorted(codes & _SPEND_CODES):
         return Finding(kind=Kind.SPEND, code=code, matched=hits[0])
+    if "usage_limit_reached" in codes:
+        # Codex (ChatGPT plans): a plan window is spent, however soon it resets;
+        # resets_at / resets_in_seconds in the body say when.
+        return Finding(kind=Kind.PERIOD_QUOTA, code=code, matched="usage_limit_reached")
     if ev.status is not None and ev.status >= 400 and (hits := sorted(codes & _THROTTLE_CODES)):
         return throttle(ev, message=message, code=code, matched=hits[0])
     if hits := sorted(codes & _PERMISSION_CODES):

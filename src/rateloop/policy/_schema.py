@@ -26,6 +26,12 @@ from typing import Any, Literal
 
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import ConfigError
+from rateloop.policy._checks import (
+    limit_bound_problems,
+    scope_key_problem,
+    shown,
+    url_problem,
+)
 from rateloop.route import Route
 
 __all__ = [
@@ -42,10 +48,16 @@ __all__ = [
 ]
 
 Path = tuple[str, ...]
-LeafKind = Literal["int", "float", "bool", "str", "choice", "strs", "routes"]
+LeafKind = Literal["int", "float", "bool", "str", "url", "choice", "strs", "routes"]
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Every number has an upper bound: a value past it is a typo, and an unbounded one
+# (2**1024) would load and then overflow at the first admission.
 _MAX_SECS = 86_400.0
+_MAX_MULTIPLIER = 100.0
+_MAX_USD = 1_000_000.0
+_MAX_BYTES = 10**12
+_MAX_CONTEXT = 10**9
 
 
 class Invalid(Exception):
@@ -91,6 +103,10 @@ class Leaf:
             if self.hi is not None and number > self.hi:
                 raise Invalid
             return number
+        if self.kind == "url":
+            if not isinstance(value, str) or url_problem(value) is not None:
+                raise Invalid
+            return value
         if self.kind in ("str", "choice"):
             if not isinstance(value, str) or not value.strip():
                 raise Invalid
@@ -145,7 +161,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "strategy": _choice("exponential", "exponential", "linear", "constant", "decorrelated"),
         "initial_delay_secs": _num("float", 5.0, 1, _MAX_SECS, _SECS),
         "max_delay_secs": _num("float", 60.0, 1, _MAX_SECS, _SECS),
-        "multiplier": _num("float", 2.0, 1, None),
+        "multiplier": _num("float", 2.0, 1, _MAX_MULTIPLIER),
         "jitter": _choice("equal", "none", "equal", "full"),
     },
     "fallback": {
@@ -156,7 +172,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
             optional=True,
             allowed="a list of provider names, or unset for any provider",
         ),
-        "max_cost_usd": _num("float", None, 0, None, " of US dollars", optional=True),
+        "max_cost_usd": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
         "data_class": Leaf(
             kind="str", default=None, optional=True, allowed="a data class tag, e.g. 'pii'"
         ),
@@ -166,13 +182,14 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "base_delay_secs": _num("float", 60.0, 0, _MAX_SECS, _SECS),
         "max_delay_secs": _num("float", 600.0, 0, _MAX_SECS, _SECS),
         "fallback_auto_model": Leaf(kind="bool", default=False, allowed="true or false"),
-        "max_step_output_bytes": _num("int", 10_000_000, 1, None),
+        "max_step_output_bytes": _num("int", 10_000_000, 1, _MAX_BYTES),
     },
     "admission": {
         "backend": Leaf(
-            kind="str",
+            kind="url",
             default="memory://",
-            allowed="a backend URL such as 'memory://' or 'redis://host:6379/0'",
+            allowed="a backend URL such as 'memory://' or 'redis://host:6379/0' "
+            "(a port from 1 to 65535)",
         ),
         "on_unreachable": _choice("fail_closed", "fail_closed", "local"),
         "local_share": _num("float", 1.0, 0, 1, lo_open=True),
@@ -193,10 +210,10 @@ _ROUTE_FIELDS: Mapping[str, Leaf] = {
     "model": Leaf(kind="str", default=None, allowed="a model name without ':'"),
     "project": Leaf(kind="str", default=None, optional=True, allowed="a project id, or unset"),
     "tenant": Leaf(kind="str", default=None, optional=True, allowed="a tenant id, or unset"),
-    "context_window": _num("int", None, 1, None, " of tokens", optional=True),
+    "context_window": _num("int", None, 1, _MAX_CONTEXT, " of tokens", optional=True),
     "tags": Leaf(kind="strs", default=(), allowed="a list of data class tags, e.g. ['pii']"),
-    "input_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
-    "output_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
+    "input_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
+    "output_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
 }
 
 
@@ -293,7 +310,7 @@ class _Checker:
         )
 
     def invalid(self, path: Path, value: Any, allowed: str) -> None:
-        self.error(path, f"invalid value {value!r}", value, allowed)
+        self.error(path, f"invalid value {shown(value)}", value, allowed)
 
     def unknown(self, path: Path, known: list[str], value: Any, table: str) -> None:
         name = str(path[-1])
@@ -356,9 +373,21 @@ class _Checker:
         scopes = self.table(("limits",), value)
         for scope, spec in (scopes or {}).items():
             path = ("limits", str(scope))
-            if not isinstance(scope, str) or not scope:
-                self.error(path, f"invalid scope key {scope!r}", scope, "a scope key string")
+            problem = scope_key_problem(scope)
+            if problem is not None:
+                self.error(
+                    path,
+                    f"invalid scope key {scope!r}: {problem}",
+                    scope,
+                    "provider:model[:project[:tenant]]",
+                )
                 continue
+            if isinstance(spec, Mapping):
+                bounds = limit_bound_problems(spec)
+                for name, v, allowed in bounds:
+                    self.invalid((*path, str(name)), v, allowed)
+                if bounds:
+                    continue
             try:
                 LimitSpec.from_mapping(spec, source=self.source, key=dotted(path))
             except ConfigError as exc:

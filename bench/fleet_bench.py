@@ -1,0 +1,318 @@
+"""A fleet of agent tasks against one rate-limited provider over real HTTP, side by side.
+
+The provider is the project's own FakeProvider served on 127.0.0.1 (OpenAI
+profile: input + ``max_tokens`` counted at admission and kept; continuously
+refilled buckets with a burst of ``--burst`` seconds; 429s with
+``retry-after`` / ``retry-after-ms`` and ``x-ratelimit-*`` headers).  Each
+strategy runs the same tasks (each task a sequence of calls), in 1 process
+or N processes; the processes are started and connected **before** the clock
+starts (a start event), and ``--concurrency`` tasks run at once in all.
+
+Strategies:
+
+* ``rateloop``       -- ``AsyncRateLoop`` + ``Limiter`` told the limits (rpm/tpm only:
+  burst and accounting follow the OpenAI profile); memory in 1 process, one
+  Redis shared by all processes otherwise.
+* ``rateloop-zero``  -- the same with no limits configured: learned from the headers
+  (and, on Redis, shared: one process learns, all use it).
+* ``tenacity``       -- the OpenAI cookbook recipe: the openai SDK (``max_retries=0``)
+  inside ``tenacity`` (random exponential wait 1..60 s, 6 attempts).
+* ``litellm``        -- LiteLLM's ``Router`` with the deployment's ``rpm``/``tpm``
+  (``num_retries=2``); across processes it shares usage through Redis
+  (``redis_host``/``redis_port``: its cross-instance mode).
+
+token-throttle needs Python >= 3.12 and is skipped on older interpreters.
+
+Metrics: completed tasks; efficiency = the quota-bound ideal time (the
+least time the provider's limits allow for the calls, see
+``rateloop.sim.harness.ideal_seconds``) ÷ the wall time (× the share of
+tasks completed); 429s per successful call, counted by the provider.
+
+    python bench/fleet_bench.py                                   # short workload, all
+    python bench/fleet_bench.py --workload long --processes 1,4
+    python bench/fleet_bench.py --strategies rateloop,rateloop-zero --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import logging
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+MODEL = "fake-model"
+WORKLOADS = {
+    # 240 calls: bound by the provider's few-second burst and its rate.
+    "short": {"tasks": 60, "calls": 4},
+    # 1,200 calls: a minute of the per-minute limits and more.
+    "long": {"tasks": 60, "calls": 20},
+}
+
+
+def make_calls(tasks: int, calls: int, seed: int) -> list[list[tuple[int, int, int]]]:
+    """Per task, its calls as (input tokens, max_tokens, output tokens)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(tasks):
+        task = []
+        for _ in range(calls):
+            inp = max(50, round(rng.lognormvariate(6.2, 0.4)))  # ~530 tokens
+            cap = max(32, round(rng.lognormvariate(5.8, 0.4)))  # ~360 max_tokens
+            task.append((inp, cap, max(1, round(cap * 0.6))))
+        out.append(task)
+    return out
+
+
+# -- the clients ---------------------------------------------------------------------------
+
+
+def _headers(inp: int, out: int) -> dict[str, str]:
+    return {"x-fake-input-tokens": str(inp), "x-fake-output-tokens": str(out)}
+
+
+def _body(inp: int, cap: int) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": cap}
+
+
+def make_caller(strategy: str, url: str, cfg: dict[str, Any], processes: int) -> Any:
+    """``(caller, close)``: ``async caller(inp, cap, out) -> bool`` for one strategy."""
+    if strategy in ("rateloop", "rateloop-zero"):
+        import httpx
+
+        from rateloop import AsyncRateLoop, Cost, Route
+        from rateloop.admission import Limiter, LimitSpec
+        from rateloop.policy import Policy
+
+        route = Route(provider="openai", model=MODEL)
+        limits = (
+            {route.provider_scope: LimitSpec(requests_per_minute=cfg["rpm"],
+                                             tokens_per_minute=cfg["tpm"])}
+            if strategy == "rateloop"
+            else {}
+        )
+        if processes > 1:
+            limiter = Limiter.from_url(cfg["redis"], prefix=cfg["prefix"], limits=limits)
+        else:
+            limiter = Limiter(limits=limits)
+        loop = AsyncRateLoop(Policy(), limiter=limiter)
+        client = httpx.AsyncClient(base_url=url, timeout=60)
+
+        async def with_rateloop(inp: int, cap: int, out: int) -> bool:
+            async def attempt(_route: Route) -> Any:
+                return await client.post("/v1/chat/completions", json=_body(inp, cap),
+                                         headers=_headers(inp, out))
+
+            outcome = await loop.call(attempt, route=route,
+                                      cost=Cost(input_tokens=inp, output_tokens=cap))
+            return outcome.ok
+
+        async def close() -> None:
+            await client.aclose()
+            await limiter.aclose()
+
+        return with_rateloop, close
+    if strategy == "tenacity":
+        import openai
+        import tenacity
+
+        sdk = openai.AsyncOpenAI(base_url=url + "/v1", api_key="fake", max_retries=0, timeout=60)
+
+        async def with_tenacity(inp: int, cap: int, out: int) -> bool:
+            retrying = tenacity.AsyncRetrying(
+                wait=tenacity.wait_random_exponential(min=1, max=60),
+                stop=tenacity.stop_after_attempt(6),
+                reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        await sdk.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": "x"}],
+                            max_tokens=cap, extra_headers=_headers(inp, out),
+                        )
+            except openai.APIError:
+                return False
+            return True
+
+        async def close_sdk() -> None:
+            await sdk.close()
+
+        return with_tenacity, close_sdk
+    if strategy == "litellm":
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        import litellm
+        from litellm import Router
+
+        litellm.suppress_debug_info = True
+        logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
+        logging.getLogger("LiteLLM Router").setLevel(logging.CRITICAL)
+        params = {"model": f"openai/{MODEL}", "api_base": url + "/v1", "api_key": "fake",
+                  "rpm": cfg["rpm"], "tpm": cfg["tpm"]}
+        options: dict[str, Any] = {"num_retries": 2, "routing_strategy": "usage-based-routing-v2"}
+        if processes > 1:
+            options.update(redis_host="127.0.0.1", redis_port=int(cfg["redis"].rsplit(":", 1)[1]
+                                                                  .split("/")[0]))
+        router = Router(model_list=[{"model_name": "fake", "litellm_params": params}], **options)
+
+        async def with_litellm(inp: int, cap: int, out: int) -> bool:
+            try:
+                await router.acompletion(model="fake", messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=cap, extra_headers=_headers(inp, out))
+            except Exception:  # LiteLLM raises its own exception classes
+                return False
+            return True
+
+        async def close_router() -> None:
+            return None
+
+        return with_litellm, close_router
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+# -- one worker process --------------------------------------------------------------------
+
+
+async def _work(strategy: str, url: str, cfg: dict[str, Any], processes: int,
+                tasks: list[list[tuple[int, int, int]]], ready: Any, go: Any,
+                start_at: Any) -> list[tuple[float, bool]]:
+    caller, close = make_caller(strategy, url, cfg, processes)
+    gate = asyncio.Semaphore(max(1, cfg["concurrency"] // processes))
+    ready.release()
+    while not go.is_set():  # the clock starts when every process is ready
+        await asyncio.sleep(0.005)
+    t0 = start_at.value
+
+    async def task(calls: list[tuple[int, int, int]]) -> tuple[float, bool]:
+        async with gate:
+            for inp, cap, out in calls:
+                if not await caller(inp, cap, out):
+                    return time.time() - t0, False
+            return time.time() - t0, True
+
+    try:
+        return list(await asyncio.gather(*(task(t) for t in tasks)))
+    finally:
+        await close()
+
+
+def _worker(strategy: str, url: str, cfg: dict[str, Any], processes: int,
+            tasks: list[list[tuple[int, int, int]]], ready: Any, go: Any, start_at: Any,
+            results: Any) -> None:
+    try:
+        out = asyncio.run(_work(strategy, url, cfg, processes, tasks, ready, go, start_at))
+        results.put(("ok", out))
+    except BaseException as exc:  # reported to the parent, which prints it
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+# -- one run ------------------------------------------------------------------------------
+
+
+def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    from rateloop.sim.harness import ideal_seconds
+    from rateloop.sim.workload import CallSpec
+    from rateloop.testing import FakeProvider, FakeProviderServer
+    from rateloop.testing._fake.buckets import FakeLimits
+
+    shape = WORKLOADS[workload]
+    calls = make_calls(shape["tasks"], shape["calls"], cfg["seed"])
+    limits = FakeLimits(rpm=cfg["rpm"], tpm=cfg["tpm"], burst_seconds=cfg["burst"])
+    provider = FakeProvider(profile="openai", limits=limits, latency=cfg["latency"],
+                            model=MODEL, refusal_latency=0.01)
+    cfg = {**cfg, "prefix": f"rateloop-fleet:{uuid.uuid4().hex[:8]}:"}
+    ctx = mp.get_context("spawn")
+    with FakeProviderServer(provider) as server:
+        ready, go = ctx.Semaphore(0), ctx.Event()
+        start_at = ctx.Value("d", 0.0)
+        results = ctx.Queue()
+        shares = [calls[i::processes] for i in range(processes)]
+        procs = [
+            ctx.Process(target=_worker, args=(strategy, server.url, cfg, processes, share,
+                                              ready, go, start_at, results))
+            for share in shares
+        ]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.acquire(timeout=120)
+        provider.reset()  # warm-up connections are not the run
+        start_at.value = time.time()
+        go.set()
+        outs = [results.get(timeout=1800) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
+        stats = provider.stats
+    errors = [o[1] for o in outs if o[0] == "error"]
+    if errors:
+        raise RuntimeError(f"{strategy}: {errors[0]}")
+    done = [r for o in outs for r in o[1]]
+    wall = max(t for t, _ in done)
+    completed = sum(ok for _, ok in done)
+    specs = [(0.0, tuple(CallSpec(i, c, o) for i, c, o in task)) for task in calls]
+    ideal = ideal_seconds(profile="openai", limits=limits, latency=cfg["latency"], tasks=specs)
+    served = stats.served
+    return {
+        "strategy": strategy,
+        "processes": processes,
+        "workload": workload,
+        "tasks": len(calls),
+        "completed": completed,
+        "wall_secs": round(wall, 2),
+        "ideal_secs": round(ideal, 2),
+        "efficiency": round(min(1.0, completed / len(calls) * ideal / wall), 3),
+        "429_per_success": round(stats.refused / served, 3) if served else None,
+        "served": served,
+        "refused": stats.refused,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
+    parser.add_argument("--strategies", default="rateloop,rateloop-zero,tenacity,litellm")
+    parser.add_argument("--processes", default="1,4")
+    parser.add_argument("--rpm", type=int, default=1_200, help="20 requests a second")
+    parser.add_argument("--tpm", type=int, default=1_200_000, help="20k tokens a second")
+    parser.add_argument("--burst", type=float, default=2.0, help="the provider's burst, seconds")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds per answer")
+    parser.add_argument("--concurrency", type=int, default=30, help="tasks at once, in all")
+    parser.add_argument("--redis", default=REDIS_URL)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    strategies = [s for s in args.strategies.split(",") if s]
+    if "litellm" in strategies and importlib.util.find_spec("litellm") is None:
+        print("litellm is not installed: skipping it (pip install litellm)", file=sys.stderr)
+        strategies.remove("litellm")
+    cfg = {"rpm": args.rpm, "tpm": args.tpm, "burst": args.burst, "latency": args.latency,
+           "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed}
+    rows = []
+    print(f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
+          f"{'effic.':>6} {'429/ok':>7}", flush=True)
+    for workload in args.workload.split(","):
+        for processes in (int(p) for p in args.processes.split(",")):
+            for strategy in strategies:
+                row = run(strategy, processes, workload, cfg)
+                rows.append(row)
+                rej = row["429_per_success"]
+                print(f"{workload:8} {strategy:14} {processes:>5} "
+                      f"{row['completed']:>3}/{row['tasks']:<3} {row['wall_secs']:>6.1f}s "
+                      f"{row['ideal_secs']:>5.1f}s {row['efficiency']:>6.2f} "
+                      f"{'inf' if rej is None else f'{rej:.3f}':>7}", flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"config": cfg, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

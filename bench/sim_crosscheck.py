@@ -1,0 +1,263 @@
+"""Cross-check ``rateloop simulate`` against a real-time run over real HTTP.
+
+The same scenario twice:
+
+* **simulated**: the simulator's models of the strategies against an in-process
+  FakeProvider on virtual time (what ``rateloop simulate`` prints);
+* **real**: the FakeProvider as a server on 127.0.0.1 (real clock, real
+  sockets) and the *real* clients: the openai SDK with its own retries
+  (``max_retries=2``), real tenacity with the cookbook recipe around the SDK
+  (``max_retries=0``), rateloop's ``AsyncRateLoop`` + ``Limiter`` around the
+  SDK, a naive immediate-retry loop, and LiteLLM (``litellm.acompletion`` with
+  ``num_retries=2``, which LiteLLM hands to the OpenAI client as ``max_retries``:
+  it is compared with the simulator's SDK model) when it is importable.
+
+Both are measured the same way (``rateloop.sim.harness``): completed / lost
+tasks, efficiency against the quota-bound ideal, provider refusals per
+success, attempts per call.  The limits are scaled up (600 RPM, 400k TPM)
+and the answers take 0.5 s so that a real-time run takes about a minute per
+strategy; the retry constants of the clients are not scaled.
+
+    python bench/sim_crosscheck.py                       # burst and steady, all strategies
+    python bench/sim_crosscheck.py --scenario burst --strategies sdk,rateloop
+    python bench/sim_crosscheck.py --json bench/results/sim_crosscheck.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from rateloop import AsyncRateLoop, Cost, Route
+from rateloop.admission import Limiter
+from rateloop.policy import Policy
+from rateloop.sim.harness import (
+    RunResult,
+    TaskResult,
+    achievable_tasks,
+    ideal_seconds,
+    run_strategy,
+)
+from rateloop.sim.report import summary
+from rateloop.sim.scenarios import Scenario, build_scenario
+from rateloop.sim.workload import CallSpec, TaskSpec, Workload
+from rateloop.testing import FakeProvider, FakeProviderServer
+
+LIMITS = {"rpm": 600, "tpm": 400_000, "burst_seconds": 5.0, "latency": 0.5}
+MESSAGES = [{"role": "user", "content": "x"}]
+SIM_MODEL = {"litellm": "sdk"}  # the simulated strategy a real client is compared with
+
+
+def scenario(name: str, *, tasks: int, calls: int, seed: int) -> Scenario:
+    arrival = 24.0 if name == "steady" else 0.0  # the simulator's 240 s, scaled like the limits
+    work = Workload.generate(tasks=tasks, calls=calls, arrival_secs=arrival, seed=seed)
+    return build_scenario(name, tasks=tasks, calls=calls, rpm=LIMITS["rpm"],
+                          tpm=LIMITS["tpm"], burst_seconds=LIMITS["burst_seconds"],
+                          latency=LIMITS["latency"], workload=work, seed=seed)
+
+
+def _headers(call: CallSpec) -> dict[str, str]:
+    return {"x-fake-input-tokens": str(call.input_tokens),
+            "x-fake-output-tokens": str(call.output_tokens)}
+
+
+def _client(url: str, retries: int) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="fake", max_retries=retries,
+                              timeout=60)
+
+
+async def _create(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
+    return await client.chat.completions.create(
+        model="sim-model", messages=MESSAGES, max_tokens=call.max_tokens,  # type: ignore[arg-type]
+        extra_headers=_headers(call),
+    )
+
+
+def make_real_caller(strategy: str, url: str, sc: Scenario) -> Any:
+    """``async call(spec) -> bool`` for a real client."""
+    if strategy == "sdk":
+        client = _client(url, 2)
+
+        async def sdk(call: CallSpec) -> bool:
+            try:
+                await _create(client, call)
+            except openai.APIError:
+                return False
+            return True
+
+        return sdk
+    if strategy == "immediate":
+        client = _client(url, 0)
+
+        async def immediate(call: CallSpec) -> bool:
+            for _ in range(10):
+                try:
+                    await _create(client, call)
+                except openai.APIError:
+                    continue
+                return True
+            return False
+
+        return immediate
+    if strategy == "tenacity":
+        import tenacity
+
+        client = _client(url, 0)
+
+        async def with_tenacity(call: CallSpec) -> bool:
+            retrying = tenacity.AsyncRetrying(
+                wait=tenacity.wait_random_exponential(min=1, max=60),
+                stop=tenacity.stop_after_attempt(6), reraise=True,
+            )
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        await _create(client, call)
+            except openai.APIError:
+                return False
+            return True
+
+        return with_tenacity
+    if strategy in ("rateloop", "rateloop-zero"):
+        client = _client(url, 0)
+        route = Route(provider="openai", model="sim-model")
+        limits = {route.provider_scope: sc.configured} if strategy == "rateloop" else {}
+        loop = AsyncRateLoop(Policy(), limiter=Limiter(limits=limits))
+
+        async def with_rateloop(call: CallSpec) -> bool:
+            async def attempt(_route: Route) -> Any:
+                return await _create(client, call)
+
+            outcome = await loop.call(attempt, route=route, cost=Cost(
+                input_tokens=call.input_tokens, output_tokens=call.max_tokens))
+            return outcome.ok
+
+        return with_rateloop
+    if strategy == "litellm":
+        import litellm
+
+        litellm.suppress_debug_info = True
+
+        async def with_litellm(call: CallSpec) -> bool:
+            try:
+                await litellm.acompletion(
+                    model="openai/sim-model", api_base=url + "/v1", api_key="fake",
+                    messages=MESSAGES, max_tokens=call.max_tokens, num_retries=2,
+                    extra_headers=_headers(call),
+                )
+            except Exception:  # LiteLLM maps to its own exception classes
+                return False
+            return True
+
+        return with_litellm
+    raise ValueError(f"no real client for strategy {strategy!r}")
+
+
+async def _real(sc: Scenario, strategy: str) -> RunResult:
+    provider = FakeProvider(**sc.provider_options())
+    # The server runs its own loop on a thread; the clients run on this one.
+    with FakeProviderServer(provider) as server:
+        caller = make_real_caller(strategy, server.url, sc)
+        t0 = time.monotonic()
+
+        async def run_task(spec: TaskSpec) -> TaskResult:
+            await asyncio.sleep(spec.start)
+            start = time.monotonic() - t0
+            done: list[CallSpec] = []
+            for call in spec.calls:
+                if not await caller(call):
+                    break
+                done.append(call)
+            completed = len(done) == len(spec.calls)
+            return TaskResult(start, time.monotonic() - t0, completed, tuple(done),
+                              len(done) + (0 if completed else 1), 0,
+                              "completed" if completed else "failed")
+
+        results = await asyncio.gather(*(run_task(t) for t in sc.workload.tasks))
+    possible = achievable_tasks(sc.workload.tasks, sc.limits.rpd)
+    ideal = ideal_seconds(profile="openai", limits=sc.limits, latency=sc.latency,
+                          tasks=[(t.start, t.calls) for t in possible])
+    stats = provider.stats
+    return RunResult(scenario=sc.name, strategy=strategy, tasks=list(results),
+                     provider_attempts=stats.attempts, provider_refusals=stats.refused,
+                     served=stats.served, ideal=ideal, achievable=len(possible))
+
+
+def _gap(sim: float | None, real: float | None) -> str:
+    if sim is None or real is None:
+        return "-"
+    if max(abs(sim), abs(real)) < 0.05:
+        return "both < 0.05"
+    return f"{(sim - real) / max(abs(real), 1e-9):+.0%}"
+
+
+async def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    header = (f"{'scenario':8} {'strategy':14} {'run':5} {'done':>6} {'lost':>5} {'wall':>7} "
+              f"{'effic.':>7} {'refused/ok':>10} {'tries/call':>10}")
+    print(header, flush=True)
+    for name in args.scenario.split(","):
+        sc = scenario(name, tasks=args.tasks, calls=args.calls, seed=args.seed)
+        for strategy in strategies:
+            real = await _real(sc, strategy)
+            # LiteLLM's num_retries is the OpenAI client's max_retries: the SDK model.
+            # The simulator runs its own (virtual-time) loop: on a thread, not inside this one.
+            sim = await asyncio.to_thread(
+                run_strategy, sc, SIM_MODEL.get(strategy, strategy), seed=args.seed)
+            pair: dict[str, Any] = {"real": summary(real), "sim": summary(sim)}
+            for label, row in pair.items():
+                rej = row["rejected_per_success"]
+                done = f"{row['completed']}/{len(sc.workload.tasks)}"
+                print(f"{name:8} {strategy:14} {label:5} {done:>6} {row['lost']:>5} "
+                      f"{row['wall_secs']:>6.1f}s {row['efficiency']:>7.0%} "
+                      f"{'inf' if rej is None else f'{rej:.2f}':>10} "
+                      f"{row['attempts_per_call']:>10.2f}", flush=True)
+            sim_rej, real_rej = sim.rejected_per_success, real.rejected_per_success
+            gaps = {
+                "efficiency": _gap(sim.efficiency, real.efficiency),
+                "rejected_per_success": _gap(None if math.isinf(sim_rej) else sim_rej,
+                                             None if math.isinf(real_rej) else real_rej),
+            }
+            pair["gap_sim_vs_real"] = gaps
+            print(f"{'':8} {'':14} gap   efficiency {gaps['efficiency']}, "
+                  f"refused/ok {gaps['rejected_per_success']}", flush=True)
+            rows.append({"scenario": name, "strategy": strategy, **pair})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", default="burst,steady")
+    parser.add_argument("--strategies",
+                        default="immediate,sdk,tenacity,rateloop,rateloop-zero,litellm")
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    strategies = [s for s in args.strategies.split(",") if s]
+    # LiteLLM: no network (its model-price map is bundled), no chatter on stderr.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
+    if "litellm" in strategies and importlib.util.find_spec("litellm") is None:
+        print("litellm is not installed: skipping it (pip install litellm)", file=sys.stderr)
+        strategies.remove("litellm")
+    rows = asyncio.run(_run_all(args, strategies))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"limits": LIMITS, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Zero-config: limits learned from the provider's headers, shared through the backend.
+
+How it works.  When no scope on a route's path has configured limits, the
+limits a response's headers state (``x-ratelimit-limit-requests``,
+``anthropic-ratelimit-input-tokens-limit``, IETF ``RateLimit-Policy``, ...)
+become the observed scope's limits -- only when the window of the limit is
+known (:func:`learned_field`).  The process that learns them writes them to
+the backend (:class:`LearnOp`); every process sharing the backend reads the
+learned limits of a zero-config route's scopes at most once per
+:data:`REFRESH_SECONDS` (:class:`LearnedOp`, one extra round trip then), so
+one process learns and all of them use it.  The learned values expire from
+the backend after :data:`LEARNED_TTL_SECONDS` without being learned again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from rateloop.admission.gcra import DAY
+from rateloop.admission.spec import LimitSpec
+from rateloop.route import Route
+from rateloop.signal import Dimension, LimitSignal, Observed
+
+__all__ = [
+    "LEARNED_TTL_SECONDS",
+    "REFRESH_SECONDS",
+    "LearnOp",
+    "Learned",
+    "LearnedOp",
+    "learned_field",
+    "path",
+    "tightened",
+]
+
+#: A zero-config route reads the learned limits from the backend at most this often.
+REFRESH_SECONDS = 1.0
+#: Learned limits stay in the backend this long after they were last learned.
+LEARNED_TTL_SECONDS = 86_400.0
+
+#: The LimitSpec fields a provider's headers can teach (the integer rate limits).
+LEARNABLE = (
+    "requests_per_minute",
+    "input_tokens_per_minute",
+    "output_tokens_per_minute",
+    "tokens_per_minute",
+    "requests_per_day",
+)
+assert set(LEARNABLE) <= {f.name for f in fields(LimitSpec)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnOp:
+    """Store limits learned for ``scope`` (field name, value) in the backend."""
+
+    scope: str
+    limits: tuple[tuple[str, int], ...]
+    ttl: float = LEARNED_TTL_SECONDS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnedOp:
+    """Read the learned limits of ``scopes``: the result maps scope -> {field: value}."""
+
+    scopes: tuple[str, ...]
+
+
+def path(scope: str) -> list[str]:
+    """``scope`` and its ancestors, nearest first: ``a:b:c`` -> ``a:b:c``, ``a:b``, ``a``."""
+    parts = scope.split(":")
+    return [":".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+#: Per-minute dimensions, keyed by what a provider's header describes.
+_MINUTE_FIELDS = {
+    Dimension.REQUESTS: "requests_per_minute",
+    Dimension.INPUT_TOKENS: "input_tokens_per_minute",
+    Dimension.OUTPUT_TOKENS: "output_tokens_per_minute",
+    Dimension.TOKENS: "tokens_per_minute",
+}
+
+
+def learned_field(o: Observed) -> str | None:
+    """The :class:`LimitSpec` field an observed limit may set, or None to ignore it.
+
+    Only a known window maps: 60 s to the per-minute dimensions, a day (86400 s)
+    of requests to ``requests_per_day``.  Any other window (GitHub's hour, an
+    IETF ``w=3600``) and an unknown one are ignored: a per-hour limit read as
+    per-minute would admit 60 times too much.
+    """
+    if o.window == 60.0:
+        return _MINUTE_FIELDS.get(o.dimension)
+    if o.window == DAY and o.dimension in (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY):
+        return "requests_per_day"
+    return None
+
+
+def tightened(o: Observed) -> tuple[Dimension, ...]:
+    """The dimensions whose state an observed ``remaining``/``reset`` tightens.
+
+    ``remaining = R`` means at most R units are available now, whatever the
+    window, so it tightens the dimension it names; a day's requests (Groq)
+    also tighten ``requests_per_day``.
+    """
+    if o.window == DAY and o.dimension is Dimension.REQUESTS:
+        return (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY)
+    return (o.dimension,)
+
+
+class Learned:
+    """The learned limits of one limiter, and when each route reads the backend's again.
+
+    ``configured(scope)`` tells whether a scope has configured limits (they
+    always win: nothing is learned on a path that has some).
+    """
+
+    def __init__(self, configured: Callable[[str], bool], *, shared: bool) -> None:
+        self._configured = configured
+        self._shared = shared  # the backend is shared with other processes: read it
+        self._lock = threading.Lock()
+        self.specs: dict[str, LimitSpec] = {}
+        self._due: dict[Route, float] = {}
+
+    def get(self, scope: str) -> LimitSpec | None:
+        return self.specs.get(scope)
+
+    def learn(self, scope: str, signal: LimitSignal) -> LearnOp | None:
+        """Take limits from ``signal`` for ``scope``; the op storing them if they changed."""
+        if any(self._configured(s) for s in path(scope)):
+            return None
+        found: dict[str, Any] = {}
+        for o in signal.observed:
+            name = learned_field(o)
+            if name is not None and o.limit is not None and o.limit >= 1:
+                found.setdefault(name, int(o.limit))
+        if not found or not self._merge(scope, found):
+            return None
+        spec = self.specs[scope]
+        limits = tuple((n, int(getattr(spec, n))) for n in LEARNABLE if getattr(spec, n))
+        return LearnOp(scope=scope, limits=limits)
+
+    def _merge(self, scope: str, found: Mapping[str, Any]) -> bool:
+        with self._lock:
+            old = self.specs.get(scope)
+            spec = replace(old, **found) if old is not None else LimitSpec(**found)
+            if spec == old:
+                return False
+            self.specs[scope] = spec
+        return True
+
+    def refresh_op(self, route: Route, now: float) -> LearnedOp | None:
+        """The read of the backend's learned limits for ``route``, when one is due.
+
+        Only for a shared backend and a route without configured limits, and
+        at most once per :data:`REFRESH_SECONDS` per route.
+        """
+        if not self._shared:
+            return None
+        due = self._due.get(route)
+        if due is not None and now < due:
+            return None
+        scopes = route.scopes
+        if len(self._due) >= 4096:
+            self._due.clear()
+        if any(self._configured(s) for s in scopes):
+            return None
+        self._due[route] = now + REFRESH_SECONDS
+        return LearnedOp(scopes=scopes)
+
+    def forget_schedule(self) -> None:
+        """Configured limits changed: every route decides again whether it reads."""
+        self._due.clear()
+
+    def apply(self, result: Mapping[str, Mapping[str, int]] | None) -> bool:
+        """Adopt what the backend holds; True when a learned limit changed."""
+        changed = False
+        for scope, limits in (result or {}).items():
+            valid = {
+                n: int(v)
+                for n, v in limits.items()
+                if n in LEARNABLE and isinstance(v, int | float) and v >= 1
+            }
+            if valid and not any(self._configured(s) for s in path(scope)):
+                changed = self._merge(scope, valid) or changed
+        return changed

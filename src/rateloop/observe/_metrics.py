@@ -1,0 +1,453 @@
+"""What the metric sinks measure, written once for OpenTelemetry and Prometheus.
+
+How it works.  A metric sink is an ordinary event sink (``(CapacityEvent) ->
+None``, see :mod:`rateloop.events`).  :class:`MetricSink` turns the stream of
+events into measurements and hands each one to two hooks a backend
+implements: ``_add(metric, labels, n)`` for counters and ``_record(metric,
+labels, value)`` for histograms.  OpenTelemetry also gets one span per
+attempt (``_span``).  The rules, in order:
+
+1. Every event counts once in ``decisions`` by its decision and signal kind.
+2. Capacity decisions: an ``admission_wait`` is a local wait (``waited``); a
+   stop while the call is being admitted (before its first attempt, or after
+   a ``retry``, ``fallback`` or ``admission_wait``) is a local rejection; the
+   first event about an attempt that the provider refused (a ``wait``,
+   ``fallback``, ``skip`` or ``stop`` carrying a non-ok signal) is a remote
+   rejection -- once per attempt, however many events follow it.  A stop
+   with status ``waiting_for_capacity``, local or remote, is a deadline miss
+   caused by a capacity wait.
+3. Waits: each ``wait`` / ``admission_wait`` records its scheduled seconds.
+   The actual wait is measured on the sink's clock from that event to the
+   call's next event when the next event follows the sleep directly (a
+   ``retry`` or ``fallback`` after a ``wait``; another ``admission_wait`` or
+   a ``stop`` after an ``admission_wait``).
+4. A terminal event (``stop``, ``success_after_retry``) records the call's
+   attempts by layer (``loop``, ``sdk``); :meth:`MetricSink.observe_outcome`
+   records any :class:`~rateloop.Outcome`, including the first-try
+   successes that emit no event.
+5. A span per attempt: it opens at the event that starts the attempt (the
+   ``retry``/``fallback`` before it, or its first ``admission_wait``) and
+   ends at the event that ends it; a first attempt with no event before it
+   starts at its first event.  Waits and the other decisions are span events.
+6. A loop that calls the optional sink hooks ``call_started(scope)`` and
+   ``call_finished(outcome)`` around every call gives the first attempt its
+   real start, a first-try success its span, and every call its count (then
+   counted from ``call_finished`` only, never from terminal events too).
+
+Events from concurrent calls interleave; a call's events all come from the
+thread (sync) or asyncio task (async) that runs it, so that identity keys
+the per-call state (a call made from inside another call's attempt, on the
+same thread or task, shares it: rare, and only its spans suffer).  At most
+:data:`MAX_OPEN_CALLS` calls are tracked; the oldest is ended as unfinished
+beyond that (without the hooks, a call that waited for admission and then
+succeeded at once emits no last event).
+
+Labels are identifiers only -- provider, operation, model, scope, tenant,
+priority (and the decision, signal kind, status or layer of a metric) --
+never a reason, a prompt, a request body or a key.  ``tenant`` is the fourth
+part of the scope key; ``priority`` is read from the event when it carries
+one and is ``""`` otherwise (see docs/observe.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from rateloop._clock import Clock, system_clock
+from rateloop._redact import redact
+from rateloop.events import CapacityEvent, DecisionKind
+from rateloop.outcome import Outcome
+
+__all__ = [
+    "BASE_LABELS",
+    "METRICS",
+    "WAIT_BUCKETS",
+    "Metric",
+    "MetricSink",
+    "labels_of",
+]
+
+BASE_LABELS = ("provider", "operation", "model", "scope", "tenant", "priority")
+#: Seconds: provider waits run from a fraction of a second to a day window's reset.
+WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0, 86400.0)
+ATTEMPT_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)
+MAX_OPEN_CALLS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One instrument: its name (without a unit suffix), kind, unit and extra labels."""
+
+    name: str
+    kind: Literal["counter", "histogram"]
+    description: str
+    unit: str = ""
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return BASE_LABELS + self.labels
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "decisions",
+            "counter",
+            "Capacity-decision events of the RATE loop, by decision and signal kind.",
+            labels=("decision", "signal_kind"),
+        ),
+        Metric(
+            "capacity",
+            "counter",
+            "Capacity decisions: waited (local admission wait), rejected_local "
+            "(admission refused the call), rejected_remote (the provider refused an attempt).",
+            labels=("result",),
+        ),
+        Metric(
+            "wait_scheduled",
+            "histogram",
+            "Waits the loop scheduled, by wait kind (provider or admission).",
+            unit="seconds",
+            labels=("wait_kind",),
+            buckets=WAIT_BUCKETS,
+        ),
+        Metric(
+            "wait_actual",
+            "histogram",
+            "Waits as measured between the wait and the call's next event.",
+            unit="seconds",
+            labels=("wait_kind",),
+            buckets=WAIT_BUCKETS,
+        ),
+        Metric(
+            "retries",
+            "counter",
+            "Retries of the same target after a wait.",
+        ),
+        Metric(
+            "fallbacks",
+            "counter",
+            "Fallbacks taken, labelled with the route fallen back to.",
+        ),
+        Metric(
+            "fallback_rejections",
+            "counter",
+            "Fallback targets skipped because a check refused them.",
+        ),
+        Metric(
+            "unknown_outcomes",
+            "counter",
+            "Writes whose effect is unknown (needs_operator, unknown_outcome).",
+        ),
+        Metric(
+            "capacity_deadline_misses",
+            "counter",
+            "Calls stopped because capacity would come only after their deadline or budget.",
+        ),
+        Metric(
+            "calls",
+            "counter",
+            "Calls ended, by status (terminal events and observe_outcome).",
+            labels=("status",),
+        ),
+        Metric(
+            "call_attempts",
+            "histogram",
+            "Attempts per call by layer: loop (rateloop's own), sdk (retries inside an "
+            "SDK), redeliveries (a task queue).",
+            labels=("layer",),
+            buckets=ATTEMPT_BUCKETS,
+        ),
+    )
+}
+
+_PROVIDER_WAIT = {DecisionKind.WAIT: "provider", DecisionKind.ADMISSION_WAIT: "admission"}
+_REMOTE = (DecisionKind.WAIT, DecisionKind.FALLBACK, DecisionKind.SKIP, DecisionKind.STOP)
+_LOCAL_STOP = ("rejected", "waiting_for_capacity")
+_TERMINAL = (DecisionKind.STOP, DecisionKind.SUCCESS_AFTER_RETRY)
+
+
+def _label(value: object) -> str:
+    if value is None:
+        return ""
+    return _redacted(str(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _redacted(text: str) -> str:
+    # Label values repeat (a handful of scopes and models): redact each once.
+    return redact(text)[:200]
+
+
+def _tenant(scope: str | None) -> str | None:
+    if scope is None:
+        return None
+    parts = scope.split(":")
+    return parts[3] if len(parts) >= 4 else None
+
+
+def labels_of(event: CapacityEvent, **extra: object) -> dict[str, str]:
+    """The base labels of ``event`` plus ``extra``; identifiers only, each redacted."""
+    out = {
+        "provider": _label(event.provider),
+        "operation": _label(event.operation),
+        "model": _label(event.model),
+        "scope": _label(event.scope),
+        # Read with getattr: an event that carries these itself wins over what is derived.
+        "tenant": _label(getattr(event, "tenant", None) or _tenant(event.scope)),
+        "priority": _label(getattr(event, "priority", None)),
+    }
+    out.update({k: _label(v) for k, v in extra.items()})
+    return out
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """The span being built for one attempt of one call."""
+
+    number: int
+    start_ns: int
+    start_known: bool
+    labels: dict[str, str]
+    events: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+    signal_kind: str | None = None
+    http_status: int | None = None
+
+
+@dataclass(slots=True)
+class _Call:
+    """What the sink remembers about one call between its events."""
+
+    attempt: _Attempt | None = None
+    refused: set[int] = field(default_factory=set)
+    # The attempt count of the last retry/fallback/admission wait: a stop with the same
+    # count came before the next attempt was made, from admission.
+    admitting_at: int | None = None
+    wait: tuple[DecisionKind, float, float, dict[str, str]] | None = None
+
+
+def _call_key() -> tuple[int, int]:
+    try:
+        task = id(asyncio.current_task())
+    except RuntimeError:  # no running event loop: a sync call
+        task = 0
+    return (threading.get_ident(), task)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _ns(moment: datetime) -> int:
+    """Nanoseconds since the epoch, exact to the microsecond (no float rounding)."""
+    return (moment - _EPOCH) // _MICROSECOND * 1000
+
+
+class MetricSink:
+    """An event sink that measures; subclasses write the measurements to a backend."""
+
+    #: Whether the backend takes spans (OpenTelemetry does, Prometheus does not).
+    traces = False
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock = clock if clock is not None else system_clock
+        self._calls: OrderedDict[tuple[int, int], _Call] = OrderedDict()
+        self._lock = threading.Lock()
+        # Set once the loop calls call_started: it then calls call_finished for every
+        # call, which counts the calls, so terminal events no longer do.
+        self._hooked = False
+
+    # -- the backend's hooks -------------------------------------------------------------
+
+    def _add(self, metric: Metric, labels: dict[str, str], n: float = 1.0) -> None:
+        raise NotImplementedError
+
+    def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
+        raise NotImplementedError
+
+    def _span(self, attempt: _Attempt, end_ns: int, *, ok: bool, unfinished: bool) -> None:
+        """Emit the span of one finished attempt (only when :attr:`traces`)."""
+
+    # -- the sink protocol ------------------------------------------------------------------
+
+    def __call__(self, event: CapacityEvent) -> None:
+        base = labels_of(event)
+        d = event.decision
+        self._add(
+            METRICS["decisions"],
+            {**base, "decision": d.value, "signal_kind": _label(event.signal_kind)},
+        )
+        now_mono, now_ns = self.clock.monotonic(), _ns(self.clock.now())
+        key = _call_key()
+        call = self._enter(key, now_ns)
+        self._measure_wait_end(call, d, now_mono)
+        self._count(event, base, call)
+        self._trace(event, base, call, now_ns)
+        if d in _PROVIDER_WAIT and event.wait_seconds is not None:
+            kind = _PROVIDER_WAIT[d]
+            self._record(METRICS["wait_scheduled"], {**base, "wait_kind": kind}, event.wait_seconds)
+            call.wait = (d, event.wait_seconds, now_mono, {**base, "wait_kind": kind})
+        if d in _TERMINAL and not self._hooked:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _enter(self, key: tuple[int, int], now_ns: int) -> _Call:
+        """The state of the call running here, created when new (the oldest evicted)."""
+        with self._lock:
+            call = self._calls.pop(key, None) or _Call()
+            self._calls[key] = call  # most recently used last
+            evicted = (
+                self._calls.popitem(last=False)[1] if len(self._calls) > MAX_OPEN_CALLS else None
+            )
+        if evicted is not None and evicted.attempt is not None and self.traces:
+            self._span(evicted.attempt, now_ns, ok=False, unfinished=True)
+        return call
+
+    # -- the loop's optional hooks (a loop that has them calls them around every call) --------
+
+    def call_started(self, scope: str) -> None:
+        """A call begins here: its first attempt's span starts now."""
+        self._hooked = True
+        now_ns = _ns(self.clock.now())
+        key = _call_key()
+        with self._lock:
+            stale = self._calls.pop(key, None)  # a call here that never finished (it raised)
+        if stale is not None and stale.attempt is not None and self.traces:
+            self._span(stale.attempt, now_ns, ok=False, unfinished=True)
+        call = self._enter(key, now_ns)
+        call.attempt = _Attempt(1, now_ns, True, {"scope": _label(scope)})
+
+    def call_finished(self, outcome: Outcome) -> None:
+        """A call ended: count it (first-try successes included) and end its last span."""
+        now_ns = _ns(self.clock.now())
+        with self._lock:
+            call = self._calls.pop(_call_key(), None)
+        operation = outcome.events[0].operation if outcome.events else ""
+        self.observe_outcome(outcome, operation=operation)
+        if call is not None and call.attempt is not None and self.traces:
+            attempt = call.attempt
+            if len(attempt.labels) == 1 and outcome.route is not None:  # no event named it
+                attempt.labels = _route_labels(outcome, operation, "")
+            self._span(attempt, now_ns, ok=outcome.ok, unfinished=False)
+
+    def observe_outcome(self, outcome: Outcome, *, operation: str = "", priority: str = "") -> None:
+        """Record a finished call from its :class:`~rateloop.Outcome`.
+
+        The events of a call do not include a first-try success; call this
+        for every outcome to count calls by status and attempts by layer.
+        Do not also pass the terminal events of the same calls to the sink
+        (they would count twice): use either the sink or this, per call.  A
+        loop that calls the sink's ``call_finished`` hook does this itself.
+        """
+        base = _route_labels(outcome, operation, priority)
+        self._add(METRICS["calls"], {**base, "status": outcome.status.value})
+        a = outcome.attempts
+        for layer, n in (("loop", a.loop), ("sdk", a.sdk), ("redeliveries", a.redeliveries)):
+            self._record(METRICS["call_attempts"], {**base, "layer": layer}, float(n))
+
+    # -- the rules ---------------------------------------------------------------------------------
+
+    def _measure_wait_end(self, call: _Call, d: DecisionKind, now_mono: float) -> None:
+        if call.wait is None:
+            return
+        kind, _, started, labels = call.wait
+        call.wait = None
+        follows = (
+            d in (DecisionKind.RETRY, DecisionKind.FALLBACK)
+            if kind is DecisionKind.WAIT
+            else d in (DecisionKind.ADMISSION_WAIT, DecisionKind.STOP)
+        )
+        if follows:
+            self._record(METRICS["wait_actual"], labels, max(0.0, now_mono - started))
+
+    def _count(self, event: CapacityEvent, base: dict[str, str], call: _Call) -> None:
+        d = event.decision
+        remote = event.signal_kind not in (None, "ok")
+        local_stop = d is DecisionKind.STOP and event.attempt in (0, call.admitting_at)
+        if d is DecisionKind.ADMISSION_WAIT:
+            self._add(METRICS["capacity"], {**base, "result": "waited"})
+        elif local_stop and event.status in _LOCAL_STOP:
+            self._add(METRICS["capacity"], {**base, "result": "rejected_local"})
+        elif d in _REMOTE and remote and event.attempt not in call.refused:
+            call.refused.add(event.attempt)
+            self._add(METRICS["capacity"], {**base, "result": "rejected_remote"})
+        if d in (DecisionKind.RETRY, DecisionKind.FALLBACK, DecisionKind.ADMISSION_WAIT):
+            call.admitting_at = event.attempt
+        if d is DecisionKind.RETRY:
+            self._add(METRICS["retries"], base)
+        elif d is DecisionKind.FALLBACK:
+            self._add(METRICS["fallbacks"], base)
+        elif d is DecisionKind.SKIP:
+            self._add(METRICS["fallback_rejections"], base)
+        if d is DecisionKind.STOP:
+            if event.status == "needs_operator" and (event.reason or "").startswith(
+                "unknown_outcome"
+            ):
+                self._add(METRICS["unknown_outcomes"], base)
+            if event.status == "waiting_for_capacity":
+                self._add(METRICS["capacity_deadline_misses"], base)
+        if d in _TERMINAL and not self._hooked:
+            self._add(METRICS["calls"], {**base, "status": _label(event.status or "completed")})
+            for layer, n in (("loop", event.attempt), ("sdk", event.sdk_attempts)):
+                self._record(METRICS["call_attempts"], {**base, "layer": layer}, float(n))
+
+    def _trace(self, event: CapacityEvent, base: dict[str, str], call: _Call, now_ns: int) -> None:
+        if not self.traces:
+            return
+        d = event.decision
+        current = call.attempt
+        # An admission wait (numbered with the attempts made so far) precedes the next
+        # attempt; so does a stop from admission, which ends the attempt it refused.
+        ahead = d is DecisionKind.ADMISSION_WAIT or (
+            d is DecisionKind.STOP
+            and current is not None
+            and current.start_known
+            and current.number == event.attempt + 1
+        )
+        number = event.attempt + 1 if ahead else event.attempt
+        if current is None or current.number != number:
+            if current is not None:  # an attempt that ended without its own event
+                self._span(current, now_ns, ok=False, unfinished=True)
+            current = call.attempt = _Attempt(number, now_ns, False, base)
+        elif len(current.labels) == 1:  # opened by call_started: now the event names it
+            current.labels = base
+        attrs: dict[str, Any] = {"rateloop.decision": d.value}
+        if event.wait_seconds is not None:
+            attrs["rateloop.wait.scheduled_seconds"] = event.wait_seconds
+        if event.next_attempt_at is not None:
+            attrs["rateloop.next_attempt_at"] = event.next_attempt_at.isoformat()
+        if event.status is not None:
+            attrs["rateloop.status"] = event.status
+        name = "rateloop.wait" if d in _PROVIDER_WAIT else f"rateloop.{d.value}"
+        current.events.append((name, attrs, now_ns))
+        if event.signal_kind not in (None, "ok") and d is not DecisionKind.ADMISSION_WAIT:
+            current.signal_kind = event.signal_kind
+            current.http_status = event.http_status
+        if d in (DecisionKind.RETRY, DecisionKind.FALLBACK):
+            self._span(current, now_ns, ok=False, unfinished=False)
+            call.attempt = _Attempt(number + 1, now_ns, True, base)
+        elif d in _TERMINAL:
+            ok = d is DecisionKind.SUCCESS_AFTER_RETRY
+            self._span(current, now_ns, ok=ok, unfinished=False)
+            call.attempt = None
+
+
+def _route_labels(outcome: Outcome, operation: str, priority: str) -> dict[str, str]:
+    route = outcome.route
+    return {
+        "provider": _label(route.provider if route is not None else None),
+        "operation": _label(operation),
+        "model": _label(route.model if route is not None else None),
+        "scope": _label(route.scope if route is not None else None),
+        "tenant": _label(route.tenant if route is not None else None),
+        "priority": _label(priority),
+    }

@@ -1,0 +1,309 @@
+"""``rateloop status`` and ``rateloop dashboard``: the live scope state, for people and scripts.
+
+Both read the limiter's state from Redis (never from a process's memory) and
+take the configured limits from policy files (``--config``), since Redis
+holds usage, pauses and the AIMD factor but not the limits themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from rateloop.errors import BackendError, ConfigError
+from rateloop.observe.queue_state import QueueState
+from rateloop.observe.state import ScopeState, Snapshot
+
+if TYPE_CHECKING:
+    from rateloop.admission.spec import LimitSpec
+    from rateloop.observe.redis_state import RedisStateReader
+
+__all__ = ["register_dashboard", "register_status", "render_queue", "render_table"]
+
+_DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+RedisOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        help="The limiter's Redis URL (default: the policy's admission.backend when it is "
+        f"a redis:// URL, else {_DEFAULT_REDIS}).",
+    ),
+]
+ConfigOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Policy files (layered in order) whose [limits] give the configured limits.",
+    ),
+]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="RATELOOP_TASK_STORE",
+        help="The task store URL (sqlite:///tasks.db, postgresql://...): show the queue.",
+    ),
+]
+PrefixOpt = Annotated[
+    str, typer.Option("--prefix", help="The limiter's key prefix (Limiter.from_url prefix=).")
+]
+
+
+def _limits_and_url(
+    config: Sequence[Path] | None, redis: str | None
+) -> tuple[dict[str, LimitSpec], str]:
+    from rateloop.policy import Layer, Policy
+
+    limits: dict[str, LimitSpec] = {}
+    url = redis
+    if config:
+        try:
+            policy = Policy.layered(Layer.defaults(), *(Layer.from_file(p) for p in config))
+        except ConfigError as exc:
+            typer.echo(f"invalid policy: {exc}", err=True)
+            raise typer.Exit(1) from None
+        limits = dict(policy.limits)
+        backend = policy.admission.backend
+        if url is None and backend.split("://", 1)[0] in ("redis", "rediss", "unix"):
+            url = backend
+    return limits, url or _DEFAULT_REDIS
+
+
+def _reader(config: Sequence[Path] | None, redis: str | None, prefix: str) -> RedisStateReader:
+    from rateloop.observe.redis_state import RedisStateReader
+
+    limits, url = _limits_and_url(config, redis)
+    return RedisStateReader(url, prefix=prefix, limits=limits)
+
+
+# --- status ---------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    """``42.5s``, ``12m30s``, ``20h21m``: short enough for a table cell."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _when(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    return f"{moment.strftime('%H:%M:%S')} (in {_duration((moment - now).total_seconds())})"
+
+
+def _num(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) or value >= 100 else f"{value:.1f}"
+
+
+def _scope_rows(s: ScopeState, now: datetime) -> list[list[str]]:
+    paused = "-"
+    if s.paused_until is not None:
+        paused = _when(s.paused_until, now) + (f" {s.pause_reason}" if s.pause_reason else "")
+    head = [s.scope, paused, f"{s.factor:.2f}"]
+    if not s.dimensions:
+        note = "no configured limits (pass --config)" if not s.configured else "no dimensions"
+        if s.governed_by == "learned":
+            note = "learned limits with no dimension"
+        return [[*head, note, "", "", "", "", ""]]
+    rows = []
+    for i, d in enumerate(s.dimensions):
+        first = head if i == 0 else ["", "", ""]
+        per = "/day" if d.dimension == "requests_per_day" else "/min" if d.kind == "bucket" else ""
+        limit = f"{d.configured}{per}" + (" learned" if s.governed_by == "learned" else "")
+        effective = _num(d.effective) if d.kind == "bucket" else "-"
+        note = "-"
+        if d.blocked_until is not None:
+            note = "blocked until " + _when(d.blocked_until, now)
+        elif d.resets_at is not None:
+            note = "resets " + _when(d.resets_at, now)
+        rows.append(
+            [
+                *first,
+                d.dimension,
+                limit,
+                effective,
+                f"{_num(d.used)}/{_num(d.capacity)}",
+                f"{_num(d.headroom)} ({d.headroom_fraction:.0%})",
+                note,
+            ]
+        )
+    return rows
+
+
+def render_queue(queue: QueueState, *, source: str) -> str:
+    """The queue's depth, oldest task and the parked tasks' wake-ups."""
+    states = ", ".join(f"{k} {v}" for k, v in sorted(queue.by_state.items()) if v)
+    age = queue.oldest_age_secs
+    oldest = "-" if age is None else _duration(age) + ("" if queue.oldest_exact else " (or more)")
+    lines = [f"queue  {source}  depth {queue.depth}  oldest {oldest}  ({states or 'empty'})"]
+    if not queue.waiting:
+        lines.append("no parked tasks")
+        return "\n".join(lines)
+    rows = [["TASK", "NAME", "STATE", "PRIORITY", "WAKES", "REMAINING", "REASON"]]
+    for t in queue.waiting:
+        retry_at = datetime.fromisoformat(t["retry_at"]) if t["retry_at"] else None
+        rows.append(
+            [
+                t["task_id"],
+                t["task"],
+                t["state"],
+                t["priority"],
+                _when(retry_at, queue.at),
+                ",".join(t["remaining_steps"]) or "-",
+                t["reason"] or "",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def render_table(snap: Snapshot, *, source: str) -> str:
+    """The status table, one row per limited dimension of each scope."""
+    header = ["SCOPE", "PAUSED UNTIL", "AIMD", "DIMENSION", "LIMIT", "EFFECTIVE",
+              "USED/CAPACITY", "HEADROOM", "NOTE"]  # fmt: skip
+    lines = [f"rateloop status  {source} prefix={snap.prefix!r}  at {snap.at.isoformat()}"]
+    if not snap.scopes:
+        lines.append("no scopes: nothing configured (--config) and no state under this prefix")
+        return "\n".join(lines)
+    rows = [header]
+    for s in snap.scopes:
+        rows += _scope_rows(s, snap.at)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _open_store(url: str | None) -> Any:
+    if url is None:
+        return None
+    from rateloop.observe.queue_state import open_store_readonly
+
+    try:
+        return open_store_readonly(url)
+    except (BackendError, ConfigError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+def status(
+    redis: RedisOpt = None,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    prefix: PrefixOpt = "rateloop:",
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh until interrupted.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between refreshes (--watch).")
+    ] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per read.")] = False,
+) -> None:
+    """Show every scope's limits, headroom and pause from Redis, and the task queue (--store)."""
+    from rateloop.observe.queue_state import read_queue
+
+    reader = _reader(config, redis, prefix)
+    tasks = _open_store(store)
+    try:
+        while True:
+            try:
+                snap = reader.read()
+                queue = read_queue(tasks, snap.at) if tasks is not None else None
+            except BackendError as exc:
+                typer.echo(str(exc), err=True)
+                raise typer.Exit(2) from None
+            if as_json:
+                data = snap.to_dict()
+                if queue is not None:
+                    data["queue"] = queue.to_dict()
+                typer.echo(json.dumps(data, sort_keys=True))
+            else:
+                if watch:
+                    typer.echo("\x1b[2J\x1b[H", nl=False)  # clear the screen between frames
+                typer.echo(render_table(snap, source=reader.url))
+                if queue is not None:
+                    typer.echo("")
+                    typer.echo(render_queue(queue, source=tasks.url))
+            if not watch:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+    finally:
+        reader.close()
+        if tasks is not None:
+            tasks.close()
+
+
+def register_status(app: typer.Typer) -> None:
+    """Add ``rateloop status`` to the ``rateloop`` app."""
+    app.command("status")(status)
+
+
+# --- dashboard ------------------------------------------------------------------------------
+
+
+def dashboard(
+    redis: RedisOpt = None,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    prefix: PrefixOpt = "rateloop:",
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")
+    ] = 8765,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote",
+            help="Allow a non-loopback --host (the page has no authentication).",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between reads of Redis.")
+    ] = 0.5,
+) -> None:
+    """Serve a read-only live status page of the limiter's scopes (Ctrl-C stops it)."""
+    from rateloop.observe._bind import check_bind
+    from rateloop.observe.dashboard import Dashboard, url_of
+
+    try:
+        check_bind(host, allow_remote=allow_remote)
+    except ValueError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    reader = _reader(config, redis, prefix)
+    tasks = _open_store(store)
+    board = Dashboard(
+        reader, store=tasks, host=host, port=port, allow_remote=allow_remote, interval=interval
+    )
+    bound = board.start()
+    typer.echo(f"rateloop dashboard on {url_of(host, bound)} (reading {reader.url}); Ctrl-C stops")
+    # The line above is read by scripts (and tests) to find a --port 0 server: flush it.
+    sys.stdout.flush()
+    try:
+        board.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.stop()
+        reader.close()
+        if tasks is not None:
+            tasks.close()
+
+
+def register_dashboard(app: typer.Typer) -> None:
+    """Add ``rateloop dashboard`` to the ``rateloop`` app."""
+    app.command("dashboard")(dashboard)

@@ -1,0 +1,137 @@
+"""Share the loop's capacity events through a capped Redis stream, for the dashboard.
+
+:class:`RedisEventSink` appends each event to the stream ``{prefix}events``
+(``XADD ... MAXLEN ~ maxlen``), so the dashboard -- another process -- can
+show every worker's waits, rejections and fallbacks on its timeline.  Only
+the event's identifiers, kinds and numbers are written (the same safe fields
+:class:`~rateloop.events.LoggingSink` logs, minus ids), plus ``capacity``:
+the capacity decision the metric sinks count for the event (``waited``,
+``rejected_local``, ``rejected_remote``), told apart with the same per-call
+rules (:mod:`rateloop.observe._metrics`).
+
+A sink must never break the call it observes: when Redis cannot be reached
+the event is dropped and one warning is logged per minute.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from rateloop._redact import redact_url
+from rateloop.events import CapacityEvent
+from rateloop.observe._metrics import Metric, MetricSink
+
+__all__ = ["FIELDS", "RedisEventSink", "events_key", "timeline_entry"]
+
+log = logging.getLogger("rateloop.observe")
+
+#: The event fields written to the stream.
+FIELDS = (
+    "decision",
+    "operation",
+    "provider",
+    "model",
+    "scope",
+    "signal_kind",
+    "http_status",
+    "attempt",
+    "wait_seconds",
+    "next_attempt_at",
+    "status",
+    "reason",
+)
+_WARN_EVERY = 60.0
+
+
+def events_key(prefix: str) -> str:
+    return f"{prefix}events"
+
+
+class RedisEventSink(MetricSink):
+    """An event sink writing to the capped stream ``{prefix}events``.
+
+    >>> RedisEventSink("redis://:pw@127.0.0.1:6379/0", prefix="app:")
+    RedisEventSink('redis://:***@127.0.0.1:6379/0', key='app:events')
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "rateloop:",
+        maxlen: int = 1000,
+        socket_timeout: float = 1.0,
+    ) -> None:
+        if isinstance(maxlen, bool) or not isinstance(maxlen, int) or maxlen < 1:
+            raise ValueError(f"maxlen must be an int >= 1, got {maxlen!r}")
+        try:
+            import redis
+        except ImportError as exc:  # pragma: no cover - depends on the installed extras
+            raise ImportError(
+                "the Redis event sink needs redis-py: pip install 'rateloop[redis]'"
+            ) from exc
+        self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
+        self.url = redact_url(url)
+        self.key = events_key(prefix)
+        self.maxlen = maxlen
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        )
+        self._warned_at = -float("inf")
+        self._current = threading.local()
+        super().__init__()
+
+    def __repr__(self) -> str:
+        return f"RedisEventSink({self.url!r}, key={self.key!r})"
+
+    def _add(self, metric: Metric, labels: dict[str, str], n: float = 1.0) -> None:
+        if metric.name == "capacity":
+            self._current.capacity = labels["result"]
+
+    def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
+        pass  # only the capacity decision goes to the stream
+
+    def __call__(self, event: CapacityEvent) -> None:
+        self._current.capacity = None
+        super().__call__(event)  # classifies the event (see _add)
+        data = event.to_dict()
+        fields = {k: str(data[k]) for k in FIELDS if k in data}
+        if self._current.capacity is not None:
+            fields["capacity"] = self._current.capacity
+        try:
+            self._client.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
+        except self._errors as exc:
+            now = time.monotonic()
+            if now - self._warned_at >= _WARN_EVERY:
+                self._warned_at = now
+                log.warning("rateloop: dropping events, Redis at %s failed: %s", self.url, exc)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def timeline_entry(at: str, fields: dict[str, str]) -> dict[str, Any]:
+    """A dashboard timeline entry for one event read back from the stream."""
+    decision = fields.get("decision", "?")
+    signal = fields.get("signal_kind")
+    status = fields.get("status")
+    kind = fields.get("capacity") or decision
+    parts = [decision]
+    if signal:
+        parts.append(signal)
+    if fields.get("http_status"):
+        parts.append(f"HTTP {fields['http_status']}")
+    if fields.get("wait_seconds"):
+        parts.append(f"wait {float(fields['wait_seconds']):.1f}s")
+    if status:
+        parts.append(f"-> {status}")
+    return {
+        "at": at,
+        "kind": kind,
+        "scope": fields.get("scope", ""),
+        "text": " ".join(parts),
+        "decision": decision,
+    }

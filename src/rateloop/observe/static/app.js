@@ -1,0 +1,129 @@
+// rateloop dashboard: poll /api/state and draw it.  Plain DOM, no build step; text only
+// goes through textContent, so a scope name can never inject markup.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+function clock(iso) {
+  return iso ? new Date(iso).toLocaleTimeString([], { hour12: false }) : "?";
+}
+
+function fmt(n) {
+  return Number.isInteger(n) || Math.abs(n) >= 100 ? String(Math.round(n)) : n.toFixed(1);
+}
+
+function pauseText(scope, now) {
+  if (!scope.paused) return "admitting";
+  const left = Math.max(0, (new Date(scope.paused_until) - now) / 1000);
+  const why = scope.pause_reason ? ` (${scope.pause_reason})` : "";
+  return `paused until ${clock(scope.paused_until)}, ${left.toFixed(1)} s left${why}`;
+}
+
+function gauge(d, learned) {
+  const pct = Math.round(d.headroom_fraction * 100);
+  const fill = el("div", { class: "fill" + (pct <= 0 ? " empty" : pct < 20 ? " low" : "") });
+  fill.style.width = pct + "%";
+  let note = `headroom ${fmt(d.headroom)} of ${fmt(d.capacity)} (${pct}%)`;
+  if (d.blocked_until) note += `, blocked until ${clock(d.blocked_until)}`;
+  return el(
+    "div",
+    { class: "gauge", "data-dimension": d.dimension, "data-headroom": String(d.headroom) },
+    el("span", {}, `${d.dimension} · ${d.configured}${d.kind === "day" ? "/day" : d.kind === "bucket" ? "/min" : " slots"}${learned ? " (learned)" : ""}`),
+    el("div", { class: "bar", role: "meter", "aria-valuenow": String(pct), "aria-valuemin": "0", "aria-valuemax": "100" }, fill),
+    el("span", {}, note),
+  );
+}
+
+function drawScopes(snapshot) {
+  const box = $("scopes");
+  box.replaceChildren();
+  const now = new Date(snapshot.at);
+  if (!snapshot.scopes.length) {
+    box.append(el("p", { class: "empty" }, "no scopes: nothing configured and no state under this prefix"));
+    return;
+  }
+  for (const s of snapshot.scopes) {
+    const card = el(
+      "section",
+      { class: "scope", "data-scope": s.scope, "data-paused": String(s.paused) },
+      el("h3", {}, s.scope, el("span", { class: "badge" }, pauseText(s, now)),
+        el("span", { class: "meta" }, `AIMD ${s.factor.toFixed(2)} · leases ${s.leases}`)),
+    );
+    if (!s.dimensions.length) {
+      card.append(el("p", { class: "empty" }, s.configured ? "no limited dimension" : "no configured limits (start with --config)"));
+    }
+    for (const d of s.dimensions) card.append(gauge(d, s.governed_by === "learned"));
+    box.append(card);
+  }
+}
+
+function drawTimeline(entries) {
+  const list = $("timeline");
+  list.replaceChildren();
+  if (!entries.length) list.append(el("li", { class: "empty" }, "nothing yet"));
+  for (const e of entries) {
+    list.append(el("li", { "data-kind": e.kind, "data-scope": e.scope },
+      el("time", { datetime: e.at }, clock(e.at)), `${e.scope}: ${e.text}`));
+  }
+}
+
+function duration(secs) {
+  if (secs < 60) return `${secs.toFixed(1)} s`;
+  if (secs < 3600) return `${Math.floor(secs / 60)} min ${Math.round(secs % 60)} s`;
+  return `${Math.floor(secs / 3600)} h ${Math.round((secs % 3600) / 60)} min`;
+}
+
+function drawQueue(queue) {
+  const panel = $("tasks-panel");
+  panel.hidden = !queue;
+  if (!queue) return;
+  const states = Object.entries(queue.by_state).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`);
+  const oldest = queue.oldest_age_secs == null ? "-" : duration(queue.oldest_age_secs);
+  $("queue-summary").textContent =
+    `depth ${queue.depth} · oldest ${oldest} · ${states.join(", ") || "empty"}`;
+  const body = $("tasks").querySelector("tbody");
+  body.replaceChildren();
+  if (!queue.waiting.length) {
+    body.append(el("tr", {}, el("td", { colspan: "5", class: "empty" }, "no parked tasks")));
+  }
+  for (const t of queue.waiting) {
+    body.append(el("tr", { "data-task-id": t.task_id, "data-state": t.state },
+      el("td", {}, `${t.task} ${t.task_id}`), el("td", {}, t.state), el("td", {}, t.priority),
+      el("td", { class: "retry-at" }, t.retry_at ? clock(t.retry_at) : "-"),
+      el("td", { class: "remaining" }, t.remaining_steps.join(", ") || "-")));
+  }
+}
+
+async function refresh() {
+  let wait = 1000;
+  try {
+    const resp = await fetch("/api/state", { cache: "no-store" });
+    const state = await resp.json();
+    wait = Math.max(250, Math.min(2000, state.interval * 1000));
+    $("interval").textContent = String(state.interval);
+    const err = $("error");
+    err.hidden = !state.error;
+    err.textContent = state.error || "";
+    if (state.snapshot) {
+      $("source").textContent = `prefix ${state.snapshot.prefix}`;
+      $("updated").textContent = `read at ${clock(state.snapshot.at)}`;
+      drawScopes(state.snapshot);
+    }
+    drawQueue(state.queue);
+    drawTimeline(state.timeline);
+    document.body.dataset.updated = state.served_at;
+  } catch (e) {
+    $("error").hidden = false;
+    $("error").textContent = `cannot reach the dashboard server: ${e}`;
+  }
+  setTimeout(refresh, wait);
+}
+
+refresh();

@@ -1,0 +1,313 @@
+"""The task store's algorithm over SQL, shared by the SQLite and PostgreSQL stores.
+
+How it works: one table holds a row per task — the queue's columns (state,
+rank, ``next_attempt_at``, lease owner and expiry, a *fence*) and the
+checkpoint as JSON.  Every change is a read-modify-write inside one
+transaction.  Taking a task (``claim``) picks the ready row with the lowest
+rank — queued or waiting rows whose ``next_attempt_at`` has come, or running
+rows whose lease has expired — bumps its fence and leases it.  Every later
+write by that worker names the fence it got; a write with an older fence
+changes nothing, so a worker that lost its lease (paused past it, cancelled
+by an operator) can never overwrite the task's new owner.
+
+The engines differ only in how a transaction locks (``BEGIN IMMEDIATE`` on
+SQLite; ``FOR UPDATE SKIP LOCKED`` and an advisory lock on PostgreSQL), in the
+placeholder and in the DDL, which the subclasses provide.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rateloop._clock import Clock, system_clock
+from rateloop.tasks.model import Checkpoint, TaskRecord
+from rateloop.tasks.queue import QueuePolicy, admit_submit
+from rateloop.tasks.states import (
+    READY_STATES,
+    TERMINAL_STATES,
+    PriorityClass,
+    TaskState,
+)
+
+__all__ = ["Query", "SQLTaskStore"]
+
+Query = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+
+_COLUMNS = (
+    "task_id, name, state, priority, rank_at, args, steps, checkpoint, created_at, updated_at, "
+    "next_attempt_at, deadline, lease_owner, lease_expires_at, fence, deliveries"
+)
+_UNFINISHED = tuple(s.value for s in (*READY_STATES, TaskState.RUNNING))
+_READY = tuple(s.value for s in READY_STATES)
+_RETRYABLE = frozenset(TERMINAL_STATES - {TaskState.COMPLETED, TaskState.DEGRADED}) | READY_STATES
+
+
+def _ts(when: datetime | None) -> float | None:
+    return when.timestamp() if when is not None else None
+
+
+def _dt(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def _in(values: Sequence[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)  # our own enum values, never user input
+
+
+class SQLTaskStore:
+    """Base of the SQL stores; subclasses provide ``_transaction`` and a few SQL fragments."""
+
+    table: str = "rateloop_tasks"
+    _lock_clause: str = ""  # appended to the claim's SELECT
+
+    def __init__(self, *, clock: Clock | None = None, url: str = "") -> None:
+        self.clock = clock if clock is not None else system_clock
+        self.url = url
+        self._lock = threading.Lock()  # one connection, one operation at a time
+
+    # --- engine hooks ---------------------------------------------------------------
+
+    def _transaction(self, write: bool) -> AbstractContextManager[Query]:
+        raise NotImplementedError
+
+    def _lock_queue(self, q: Query) -> None:
+        """Serialize submits so the depth check holds (SQLite's write lock already does)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> SQLTaskStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # --- rows -----------------------------------------------------------------------
+
+    def _row(self, row: tuple[Any, ...]) -> TaskRecord:
+        (task_id, name, state, priority, _rank, args, steps, checkpoint, created, updated,
+         next_at, deadline, owner, expires, fence, deliveries) = row
+        return TaskRecord(
+            task_id=task_id,
+            name=name,
+            state=TaskState(state),
+            priority=PriorityClass(priority),
+            args=json.loads(args),
+            steps=tuple(json.loads(steps)),
+            checkpoint=Checkpoint.from_json(checkpoint),
+            created_at=_dt(created) or self.clock.now(),
+            updated_at=_dt(updated) or self.clock.now(),
+            next_attempt_at=_dt(next_at) or self.clock.now(),
+            deadline=_dt(deadline),
+            lease_owner=owner,
+            lease_expires_at=_dt(expires),
+            fence=int(fence),
+            deliveries=int(deliveries),
+        )
+
+    def _values(self, rec: TaskRecord, rank: float) -> tuple[Any, ...]:
+        return (
+            rec.task_id, rec.name, rec.state.value, rec.priority.value, rank,
+            json.dumps(rec.args, sort_keys=True), json.dumps(list(rec.steps)),
+            rec.checkpoint.to_json(), _ts(rec.created_at), _ts(rec.updated_at),
+            _ts(rec.next_attempt_at), _ts(rec.deadline), rec.lease_owner,
+            _ts(rec.lease_expires_at), rec.fence, rec.deliveries,
+        )
+
+    def _select(self, q: Query, task_id: str, lock: bool = False) -> TaskRecord | None:
+        rows = q(
+            f"SELECT {_COLUMNS} FROM {self.table} WHERE task_id = ?"
+            + (self._lock_clause.replace(" SKIP LOCKED", "") if lock else ""),
+            (task_id,),
+        )
+        return self._row(rows[0]) if rows else None
+
+    def _update(self, q: Query, rec: TaskRecord, *, fence: int) -> bool:
+        """Write every mutable column, only when the row still carries ``fence``."""
+        rows = q(
+            f"UPDATE {self.table} SET state = ?, checkpoint = ?, updated_at = ?, "
+            "next_attempt_at = ?, deadline = ?, lease_owner = ?, lease_expires_at = ?, "
+            "fence = ?, deliveries = ? WHERE task_id = ? AND fence = ? RETURNING task_id",
+            (
+                rec.state.value, rec.checkpoint.to_json(), _ts(rec.updated_at),
+                _ts(rec.next_attempt_at), _ts(rec.deadline), rec.lease_owner,
+                _ts(rec.lease_expires_at), rec.fence, rec.deliveries, rec.task_id, fence,
+            ),
+        )
+        return bool(rows)
+
+    # --- the protocol ----------------------------------------------------------------
+
+    def submit(self, rec: TaskRecord, policy: QueuePolicy) -> TaskRecord:
+        """Queue ``rec``, or store it ``rejected`` (queue full, or it could not start in time).
+
+        Submitting a task id that exists already returns the stored task unchanged.
+        """
+        rank = policy.rank(rec.created_at, rec.priority)
+        with self._lock, self._transaction(True) as q:
+            self._lock_queue(q)
+            existing = self._select(q, rec.task_id)
+            if existing is not None:
+                return existing
+            depth = q(f"SELECT COUNT(*) FROM {self.table} WHERE state IN ({_in(_UNFINISHED)})", ())
+            ahead = q(
+                f"SELECT COUNT(*) FROM {self.table} "
+                f"WHERE state IN ({_in(_READY)}) AND rank_at <= ?",
+                (rank,),
+            )
+            verdict = admit_submit(
+                policy,
+                now=rec.created_at,
+                depth=int(depth[0][0]),
+                ahead=int(ahead[0][0]),
+                not_before=rec.next_attempt_at,
+                deadline=rec.deadline,
+            )
+            if not verdict.accepted:
+                rec = replace(rec, state=TaskState.REJECTED).with_checkpoint(
+                    reason=verdict.reason,
+                    user_visible_status=f"rejected at submit: {verdict.reason}",
+                )
+            q(
+                f"INSERT INTO {self.table} ({_COLUMNS}) VALUES ({', '.join('?' * 16)})",
+                self._values(rec, rank),
+            )
+            return rec
+
+    def claim(self, worker_id: str, *, lease_secs: float) -> TaskRecord | None:
+        """Lease the most urgent ready task to ``worker_id``; None when nothing is ready.
+
+        Taking a task whose lease expired is a *redelivery*; taking a parked one
+        at its time is a *wake*.  Both count in the ledger and spend one unit of
+        the task's retry budget.
+        """
+        now = self.clock.now()
+        t = now.timestamp()
+        with self._lock, self._transaction(True) as q:
+            rows = q(
+                f"SELECT {_COLUMNS} FROM {self.table} WHERE "
+                f"((state IN ({_in(_READY)}) AND next_attempt_at <= ?) OR "
+                f"(state = 'running' AND lease_expires_at <= ?)) "
+                f"ORDER BY rank_at, created_at LIMIT 1{self._lock_clause}",
+                (t, t),
+            )
+            if not rows:
+                return None
+            rec = self._row(rows[0])
+            ck = rec.checkpoint
+            ledger, budget = ck.attempts_used, ck.retry_budget_remaining
+            if rec.state is TaskState.RUNNING:
+                ledger, budget = replace(ledger, redeliveries=ledger.redeliveries + 1), budget - 1
+            elif rec.state.waiting:
+                ledger, budget = replace(ledger, wakes=ledger.wakes + 1), budget - 1
+            claimed = replace(
+                rec,
+                state=TaskState.RUNNING,
+                updated_at=now,
+                lease_owner=worker_id,
+                lease_expires_at=now + timedelta(seconds=lease_secs),
+                fence=rec.fence + 1,
+                deliveries=rec.deliveries + 1,
+            ).with_checkpoint(attempts_used=ledger, retry_budget_remaining=budget)
+            self._update(q, claimed, fence=rec.fence)
+            return claimed
+
+    def heartbeat(self, task_id: str, fence: int, *, lease_secs: float) -> bool:
+        """Extend the lease; False when the worker no longer holds it."""
+        now = self.clock.now()
+        with self._lock, self._transaction(True) as q:
+            rows = q(
+                f"UPDATE {self.table} SET lease_expires_at = ? "
+                "WHERE task_id = ? AND fence = ? AND state = 'running' RETURNING task_id",
+                ((now + timedelta(seconds=lease_secs)).timestamp(), task_id, fence),
+            )
+            return bool(rows)
+
+    def save(self, rec: TaskRecord, *, fence: int) -> bool:
+        """Write a checkpoint (and state) if the worker still holds fence ``fence``."""
+        with self._lock, self._transaction(True) as q:
+            return self._update(q, replace(rec, updated_at=self.clock.now()), fence=fence)
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        with self._lock, self._transaction(False) as q:
+            return self._select(q, task_id)
+
+    def list_tasks(
+        self, *, states: Sequence[TaskState] | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        """Tasks, most urgent first; ``states`` filters."""
+        where = f"WHERE state IN ({_in([s.value for s in states])}) " if states else ""
+        with self._lock, self._transaction(False) as q:
+            rows = q(
+                f"SELECT {_COLUMNS} FROM {self.table} {where}ORDER BY rank_at, created_at LIMIT ?",
+                (limit,),
+            )
+            return [self._row(r) for r in rows]
+
+    def counts(self) -> dict[TaskState, int]:
+        with self._lock, self._transaction(False) as q:
+            rows = q(f"SELECT state, COUNT(*) FROM {self.table} GROUP BY state", ())
+        return {TaskState(s): int(n) for s, n in rows}
+
+    def _operator(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord:
+        with self._lock, self._transaction(True) as q:
+            rec = self._select(q, task_id, lock=True)
+            if rec is None:
+                raise KeyError(f"no task {task_id!r} in {self!r}")
+            new = replace(change(rec), fence=rec.fence + 1, updated_at=self.clock.now())
+            self._update(q, new, fence=rec.fence)
+            return new
+
+    def retry(
+        self, task_id: str, *, budget: int = 20, accept_version: str | None = None
+    ) -> TaskRecord:
+        """Queue an unsuccessful or waiting task again now (an operator's decision).
+
+        A passed deadline is dropped; ``accept_version`` records that the
+        checkpoint is valid for a new workflow version.
+        """
+
+        def change(rec: TaskRecord) -> TaskRecord:
+            if rec.state not in _RETRYABLE:
+                raise ValueError(
+                    f"task {task_id!r} is {rec.state.value}; retry is allowed from "
+                    f"{', '.join(sorted(s.value for s in _RETRYABLE))}"
+                )
+            now = self.clock.now()
+            deadline = rec.deadline if rec.deadline is None or rec.deadline > now else None
+            version = accept_version or rec.checkpoint.workflow_version
+            return replace(
+                rec, state=TaskState.QUEUED, next_attempt_at=now, deadline=deadline,
+                lease_owner=None, lease_expires_at=None,
+            ).with_checkpoint(
+                retry_budget_remaining=max(budget, 1), task_deadline=deadline,
+                workflow_version=version, next_attempt_at=now,
+                reason="retried by an operator", user_visible_status="queued (retried)",
+            )
+
+        return self._operator(task_id, change)
+
+    def cancel(self, task_id: str) -> TaskRecord:
+        """End an unfinished task ``cancelled``; its worker's next write is refused."""
+
+        def change(rec: TaskRecord) -> TaskRecord:
+            if rec.state.terminal:
+                raise ValueError(f"task {task_id!r} is already {rec.state.value}")
+            return replace(
+                rec, state=TaskState.CANCELLED, lease_owner=None, lease_expires_at=None
+            ).with_checkpoint(
+                reason="cancelled by an operator",
+                user_visible_status=f"cancelled; not done: {', '.join(rec.remaining)}",
+            )
+
+        return self._operator(task_id, change)
+

@@ -1,0 +1,250 @@
+"""The algorithm of one delivery of a task, as a generator of effects (sans-IO).
+
+How it works: a worker has claimed a task.  :func:`task_flow` checks that it
+may run it, then runs the remaining steps one by one.  It never does I/O: it
+yields :class:`RunStep` (run step *i* through the RATE loop) and
+:class:`Save` (write the record, fenced), and receives what happened.
+:class:`~rateloop.tasks.TaskRunner` performs the effects with blocking
+calls, :class:`~rateloop.tasks.AsyncTaskRunner` with ``await`` — the pattern
+of ``loop.py`` + ``_effects.py``.
+
+The rules, in order:
+
+1. No definition of the task's name here, a checkpoint of another
+   ``workflow_version``, or steps that differ from the checkpoint's →
+   ``needs_operator`` (never a misread of an old checkpoint).
+2. The deadline has passed → ``expired``, listing the remaining steps.
+3. The retry budget is spent (wakes and redeliveries) → ``failed_retry_exhausted``
+   (``partial`` when some steps are done).
+4. Each step: the outcome ``completed``/``degraded`` is checkpointed before the
+   next step starts; ``waiting_for_reset``/``waiting_for_capacity`` parks the
+   task until ``retry_at`` and releases it (``expired`` when that is past the
+   deadline); ``needs_operator``/``invalid``/``rejected`` → ``needs_operator``;
+   ``failed_retry_exhausted`` → that, or ``partial`` when some steps are done.
+   A step that raises ends the task ``needs_operator`` (a bug, not a refusal); the
+   reason names the exception's type, never its message.
+5. After a checkpoint, a worker asked to stop (SIGTERM) releases the task
+   (``queued``, due now) instead of starting the next step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from rateloop.outcome import Outcome, Status
+from rateloop.tasks.definition import Step, StepContext, Task
+from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
+from rateloop.tasks.states import TaskState
+
+__all__ = ["RunStep", "Save", "SaveAck", "StepResult", "task_flow"]
+
+#: Where a waiting outcome carries no retry_at (it should), try again after this long.
+DEFAULT_PARK_SECS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunStep:
+    step: Step
+    context: StepContext
+    deadline: datetime | None
+    priority: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    outcome: Outcome | None
+    error: BaseException | None
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Save:
+    record: TaskRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SaveAck:
+    ok: bool  # False: the lease was lost (expired and retaken, or cancelled)
+    stop: bool  # the worker is asked to stop
+    now: datetime
+
+
+Effect = RunStep | Save
+Flow = Generator[Effect, Any, TaskRecord | None]
+
+_FAILED_TO_STATE = {
+    Status.NEEDS_OPERATOR: TaskState.NEEDS_OPERATOR,
+    Status.INVALID: TaskState.NEEDS_OPERATOR,
+    Status.REJECTED: TaskState.NEEDS_OPERATOR,
+    Status.FAILED_RETRY_EXHAUSTED: TaskState.FAILED_RETRY_EXHAUSTED,
+}
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def _json_value(value: Any) -> Any:
+    json.dumps(value)  # a TypeError names the type
+    return value
+
+
+def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
+    """Run one delivery of ``rec`` (already claimed); return the record as last saved."""
+    def finish(state: TaskState, reason: str, record: TaskRecord | None = None) -> Flow:
+        record = record if record is not None else rec
+        done, left = record.completed, record.remaining
+        if state in (TaskState.COMPLETED, TaskState.DEGRADED):
+            visible = f"{state.value}: all {len(done)} steps done"
+        else:
+            visible = f"{state.value}: {reason}; done: {_listing(done)}; not done: {_listing(left)}"
+        final = replace(
+            record, state=state, lease_owner=None, lease_expires_at=None
+        ).with_checkpoint(
+            reason=reason, user_visible_status=visible,
+            pending_operation=None if state in (TaskState.COMPLETED, TaskState.DEGRADED)
+            else record.checkpoint.pending_operation,
+        )
+        ack = yield Save(final)
+        return final if ack.ok else None
+
+    if definition is None:
+        return (yield from finish(
+            TaskState.NEEDS_OPERATOR, f"this worker has no task named {rec.name!r}"))
+    if rec.checkpoint.workflow_version != definition.version:
+        return (yield from finish(
+            TaskState.NEEDS_OPERATOR,
+            f"workflow_version changed: the checkpoint is {rec.checkpoint.workflow_version!r}, "
+            f"the worker runs {definition.version!r}",
+        ))
+    if definition.step_names != rec.steps:
+        return (yield from finish(
+            TaskState.NEEDS_OPERATOR,
+            f"the steps changed without a version bump: checkpoint {list(rec.steps)}, "
+            f"worker {list(definition.step_names)}",
+        ))
+    if rec.deadline is not None and now >= rec.deadline:
+        return (yield from finish(TaskState.EXPIRED, "the deadline passed while the task waited"))
+
+    def unsuccessful(reason: str) -> TaskState:
+        return TaskState.PARTIAL if rec.checkpoint.completed_steps else TaskState(reason)
+
+    if rec.checkpoint.retry_budget_remaining < 0:
+        return (yield from finish(
+            unsuccessful("failed_retry_exhausted"),
+            "the task's retry budget (wakes and redeliveries) is spent",
+        ))
+
+    degraded = any(s.status == Status.DEGRADED.value for s in rec.checkpoint.completed_steps)
+    steps = definition.steps
+    while rec.checkpoint.current_step < len(steps):
+        index = rec.checkpoint.current_step
+        step = steps[index]
+        ck = rec.checkpoint
+        rec = rec.with_checkpoint(
+            pending_operation=PendingOperation.of(step.name, step.operation, step.route, step.cost),
+            outcome_check=step.outcome_check_ref,
+            user_visible_status=f"running step {step.name} ({index + 1} of {len(steps)})",
+        )
+        context = StepContext(
+            task_id=rec.task_id,
+            step=step.name,
+            index=index,
+            args=rec.args,
+            results={s.name: s.result for s in ck.completed_steps},
+            idempotency_key=f"{ck.idempotency_key}:{step.name}",
+            delivery=rec.deliveries,
+        )
+        result = yield RunStep(step, context, rec.deadline, rec.priority.loop_priority)
+        now = result.now
+        if result.error is not None:
+            # The exception's type only: its message may quote a prompt or a secret.
+            return (yield from finish(
+                TaskState.NEEDS_OPERATOR,
+                f"step {step.name} raised {type(result.error).__name__} (a bug, not a refusal)",
+            ))
+        out = result.outcome
+        assert out is not None
+        ledger = rec.checkpoint.attempts_used
+        rec = rec.with_checkpoint(
+            attempts_used=replace(
+                ledger, loop=ledger.loop + out.attempts.loop, sdk=ledger.sdk + out.attempts.sdk
+            ),
+            signal=out.signal if out.signal is not None and not out.signal.ok
+            else rec.checkpoint.signal,
+        )
+        if out.status.succeeded:
+            try:
+                value = _json_value(out.value)
+            except (TypeError, ValueError) as exc:
+                return (yield from finish(
+                    TaskState.NEEDS_OPERATOR,
+                    f"step {step.name} returned a value that cannot be checkpointed as JSON "
+                    f"({type(out.value).__name__}: {exc})",
+                ))
+            degraded = degraded or out.status is Status.DEGRADED
+            rec = rec.with_checkpoint(
+                current_step=index + 1,
+                completed_steps=(*rec.checkpoint.completed_steps, CompletedStep(
+                    index=index, name=step.name, status=out.status.value, result=value,
+                    attempts=out.attempts.loop)),
+                pending_operation=None,
+            )
+            if index + 1 == len(steps):
+                break
+            rec = rec.with_checkpoint(
+                user_visible_status=f"step {step.name} done ({index + 1} of {len(steps)})"
+            )
+            ack = yield Save(rec)
+            if not ack.ok:
+                return None
+            if ack.stop:
+                released = replace(
+                    rec, state=TaskState.QUEUED, next_attempt_at=ack.now,
+                    lease_owner=None, lease_expires_at=None,
+                ).with_checkpoint(next_attempt_at=ack.now,
+                                  user_visible_status="queued: the worker stopped between steps")
+                ack = yield Save(released)
+                return released if ack.ok else None
+            continue
+        if out.status in (Status.WAITING_FOR_RESET, Status.WAITING_FOR_CAPACITY):
+            retry_at = out.retry_at or now + timedelta(seconds=DEFAULT_PARK_SECS)
+            if rec.deadline is not None and retry_at >= rec.deadline:
+                return (yield from finish(
+                    TaskState.EXPIRED,
+                    f"step {step.name} can run again at {retry_at.isoformat()}, past the "
+                    f"deadline {rec.deadline.isoformat()}",
+                ))
+            if rec.checkpoint.retry_budget_remaining <= 0:
+                return (yield from finish(
+                    unsuccessful("failed_retry_exhausted"),
+                    f"step {step.name} must wait and the task's retry budget is spent",
+                ))
+            state = TaskState(out.status.value)
+            parked = replace(
+                rec, state=state, next_attempt_at=retry_at, lease_owner=None, lease_expires_at=None
+            ).with_checkpoint(
+                next_attempt_at=retry_at,
+                reason=out.reason,
+                user_visible_status=(
+                    f"{state.value}: step {step.name} waits until {retry_at.isoformat()} "
+                    f"({out.reason}); done: {_listing(rec.completed)}; "
+                    f"not done: {_listing(rec.remaining)}"
+                ),
+            )
+            ack = yield Save(parked)
+            return parked if ack.ok else None
+        failed = _FAILED_TO_STATE.get(out.status, TaskState.NEEDS_OPERATOR)
+        if failed is TaskState.FAILED_RETRY_EXHAUSTED:
+            failed = unsuccessful(failed.value)
+        return (yield from finish(failed, f"step {step.name}: {out.status.value}: {out.reason}"))
+
+    return (yield from finish(
+        TaskState.DEGRADED if degraded else TaskState.COMPLETED,
+        "a fallback route did part of the work" if degraded else "all steps done",
+        rec,
+    ))
