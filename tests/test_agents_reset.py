@@ -360,3 +360,16 @@ def test_cli_with_claude_code_2x_line_names_the_reset(tmp_path: Path) -> None:
     assert done.returncode == 75, done.stderr
     assert f"The limit resets at {at.isoformat(timespec='seconds')}" in done.stderr
     assert "That is beyond --wait-for-reset's 1h 0m; not waiting." in done.stderr
+
+
+def test_cli_a_reset_beyond_max_is_parked_with_queue(tmp_path: Path) -> None:
+    # --wait-for-reset waits for near resets in process; --queue parks the farther ones.
+    far = datetime.now(UTC) + timedelta(hours=9)
+    db = tmp_path / "tasks.db"
+    done = _cli(
+        tmp_path, [_limit(far)], "--wait-for-reset=1h", "--queue", f"sqlite:///{db}", "--", "AGENT"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "That is beyond --wait-for-reset's 1h 0m; not waiting." in done.stderr
+    assert "parked as task" in done.stderr
+    assert done.stdout.strip()  # the task id
