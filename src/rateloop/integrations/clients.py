@@ -1,0 +1,168 @@
+"""Ready SDK clients: the SDK's own client, its retries off, the RATE-loop transport inside.
+
+Each helper takes the SDK's usual keyword arguments plus ``policy=``,
+``limiter=`` and ``loop=`` (and ``clock=`` for tests); the user's program
+stays the SDK's, with one changed constructor line::
+
+    client = rateloop.openai_client()          # was: openai.OpenAI()
+
+Which HTTP client each SDK takes (checked on the installed versions):
+``openai`` 3.x and ``anthropic`` 2.x build on ``httpx2`` (they accept a legacy
+``httpx`` client too); ``google-genai`` takes either in
+``HttpOptions(httpx_client=..., httpx_async_client=...)``.  The helpers give
+each SDK an ``httpx2`` client when ``httpx2`` is installed, else ``httpx``.
+
+The SDK's own retries are off (``max_retries=0``; google-genai retries only
+when given ``retry_options``): stacked retries multiply, and the loop owns
+them.  Passing ``max_retries`` or an ``http_client`` yourself is refused with
+the reason, since either would silently take 429 recovery away from the loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.policy import Policy
+
+__all__ = [
+    "anthropic_client",
+    "async_anthropic_client",
+    "async_openai_client",
+    "genai_client",
+    "openai_client",
+    "rateloop_transport",
+]
+
+# The connection pool the OpenAI and Anthropic SDKs give their default client.
+_POOL = {"max_connections": 1000, "max_keepalive_connections": 100}
+
+
+def _need(module: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"this helper needs the {module!r} package: pip install 'rateloop[{extra}]'"
+        ) from exc
+
+
+def _http_module() -> tuple[Any, Any]:
+    """(the httpx-like module, its rateloop transport module): httpx2 first."""
+    try:
+        import httpx2
+
+        from rateloop.integrations import httpx2 as transports
+
+        return httpx2, transports
+    except ImportError:
+        import httpx
+
+        from rateloop.integrations import httpx as transports_legacy
+
+        return httpx, transports_legacy
+
+
+def rateloop_transport(
+    *,
+    is_async: bool,
+    policy: Policy | None = None,
+    limiter: Any = None,
+    loop: RateLoop | AsyncRateLoop | None = None,
+    **options: Any,
+) -> Any:
+    """A RATE-loop transport (httpx2 when installed) over a pooled inner transport."""
+    hx, transports = _http_module()
+    limits = hx.Limits(**_POOL)
+    if is_async:
+        return transports.AsyncRateLoopTransport(
+            hx.AsyncHTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop,
+            **options,
+        )
+    return transports.RateLoopTransport(
+        hx.HTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop, **options
+    )
+
+
+def _split(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take rateloop's own arguments out of ``kwargs``; refuse the ones that undo them."""
+    for name in ("max_retries", "http_client"):
+        if name in kwargs:
+            raise TypeError(
+                f"{name}= is set by the rateloop client helpers (the RATE loop owns retries "
+                "and sends through its transport); build the SDK client yourself with "
+                "rateloop.integrations.clients.rateloop_transport() to customise it"
+            )
+    return {
+        name: kwargs.pop(name)
+        for name in ("policy", "limiter", "loop", "clock", "sinks", "enabled")
+        if name in kwargs
+    }
+
+
+def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
+    ours = _split(kwargs)
+    sdk = _need(module, module)
+    hx, _ = _http_module()
+    transport = rateloop_transport(is_async=is_async, **ours)
+    default = "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient"
+    factory = getattr(sdk, default, None)
+    if factory is None or (hx.__name__ != "httpx2"):
+        factory = hx.AsyncClient if is_async else hx.Client
+    http_client = factory(transport=transport)
+    return getattr(sdk, cls)(max_retries=0, http_client=http_client, **kwargs)
+
+
+def openai_client(**kwargs: Any) -> Any:
+    """``openai.OpenAI(**kwargs)`` with its retries off and the RATE loop inside."""
+    return _sdk_client("openai", "OpenAI", False, kwargs)
+
+
+def async_openai_client(**kwargs: Any) -> Any:
+    """``openai.AsyncOpenAI(**kwargs)`` with its retries off and the async RATE loop inside."""
+    return _sdk_client("openai", "AsyncOpenAI", True, kwargs)
+
+
+def anthropic_client(**kwargs: Any) -> Any:
+    """``anthropic.Anthropic(**kwargs)`` with its retries off and the RATE loop inside."""
+    return _sdk_client("anthropic", "Anthropic", False, kwargs)
+
+
+def async_anthropic_client(**kwargs: Any) -> Any:
+    """``anthropic.AsyncAnthropic(**kwargs)`` with retries off and the async RATE loop inside."""
+    return _sdk_client("anthropic", "AsyncAnthropic", True, kwargs)
+
+
+def genai_client(**kwargs: Any) -> Any:
+    """``google.genai.Client(**kwargs)`` with both its sync and async paths through the loop.
+
+    ``http_options`` (a ``HttpOptions`` or a dict) keeps everything you set but
+    the HTTP clients; ``retry_options`` in it is refused (it would retry on
+    top of the loop).
+    """
+    ours = _split(kwargs)
+    genai = _need("google.genai", "google")
+    types = importlib.import_module("google.genai.types")
+    hx, _ = _http_module()
+    options = kwargs.pop("http_options", None)
+    if options is None:
+        options = types.HttpOptions()
+    elif isinstance(options, dict):
+        options = types.HttpOptions(**options)
+    if options.retry_options is not None:
+        raise TypeError(
+            "http_options.retry_options would retry on top of the RATE loop; leave it unset"
+        )
+    if options.httpx_client is not None or options.httpx_async_client is not None:
+        raise TypeError("http_options.httpx_client/httpx_async_client are set by genai_client")
+    # A loop given by the caller has one flavour; each path gets a performer of its own.
+    options = options.model_copy(
+        update={
+            "httpx_client": hx.Client(transport=rateloop_transport(is_async=False, **ours)),
+            "httpx_async_client": hx.AsyncClient(
+                transport=rateloop_transport(is_async=True, **ours)
+            ),
+        }
+    )
+    return genai.Client(http_options=options, **kwargs)
