@@ -8,6 +8,7 @@ chat completions, Anthropic messages, Gemini generateContent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -233,10 +234,8 @@ class ScriptedProvider:
                 self.wfile.flush()
                 if step.stall:
                     time.sleep(step.stall)
-                try:
+                with contextlib.suppress(OSError):
                     self.wfile.write(data)
-                except OSError:
-                    pass
 
             def _stream(self, step: Step, events: list[str]) -> None:
                 self.send_response(step.status)

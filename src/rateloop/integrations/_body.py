@@ -74,7 +74,7 @@ class BodyBudget:
         return b"".join(self.chunks)
 
 
-class BodyTooLarge(Exception):  # noqa: N818 - read as "the body is too large"
+class BodyTooLarge(Exception):
     """A buffered body went past the cap; the transport treats it as a network failure."""
 
 

@@ -154,7 +154,7 @@ def _strings(value: Any, depth: int = 0) -> Iterator[str]:
 def _encoding(model: str) -> Any:
     """A tiktoken encoding when tiktoken is installed and its files are at hand; else None."""
     try:
-        import tiktoken
+        import tiktoken  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
     try:
@@ -227,7 +227,8 @@ def read_request(
     model = raw_model if isinstance(raw_model, str) and raw_model else _path_model(path)
     model = _safe(model) if model else _NO_MODEL
     origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
-    project = f"{host.replace(':', '_') or 'local'}-{key_fingerprint(origin, _api_key(headers, parts.query))}"
+    fingerprint = key_fingerprint(origin, _api_key(headers, parts.query))
+    project = f"{host.replace(':', '_') or 'local'}-{fingerprint}"
     route = Route(provider=provider, model=model, project=project)
     method = method.upper()
     model_call = method == "POST" and path.endswith(_MODEL_PATHS)

@@ -32,10 +32,11 @@ The sync and async classes differ only in how they send, read and sleep.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from rateloop._clock import Clock
 from rateloop._effects import Effect, LimiterCall
@@ -51,11 +52,11 @@ from rateloop.integrations._body import (
     signal_of_error_text,
 )
 from rateloop.integrations._request import RequestPlan, read_request
-from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.loop import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome import Outcome
 from rateloop.policy import Policy
 from rateloop.route import Route
-from rateloop.signal import Kind, LimitSignal
+from rateloop.signal import LimitSignal
 
 __all__ = ["OUTCOME_KEY", "AdmissionRefused", "StreamInterrupted", "TransportBase"]
 
@@ -69,9 +70,9 @@ class AdmissionRefused(RateLimitExhausted):
     Distinct from a provider's refusal (which reaches the caller as the SDK's own
     exception): ``outcome.status`` is ``waiting_for_capacity`` (no capacity
     before the budget or deadline; ``outcome.retry_at`` says when) or
-    ``rejected`` (the cost can never fit the configured limits).  Through an
-    SDK client it arrives wrapped in the SDK's connection error, as its
-    ``__cause__``.
+    ``rejected`` (the cost can never fit the configured limits).  The
+    OpenAI (3.x) and Anthropic (2.x) SDKs translate only HTTP errors, so it
+    reaches the caller as itself through their clients too.
     """
 
 
@@ -159,10 +160,9 @@ def _release_abandoned(box: list[Any]) -> None:
     """Finalizer of a stream dropped without closing: give its capacity back."""
     reservation, box[0] = box[0], None
     if reservation is not None:
-        try:
+        # An async-only backend cannot be reached from a finalizer: its lease expires instead.
+        with contextlib.suppress(Exception):
             reservation.release()
-        except Exception:  # an async backend from a finalizer: its lease expires instead
-            pass
 
 
 class SyncStreamBody:
@@ -234,7 +234,7 @@ class _Attempt:
         self.stream = None
         self.last_response, self.last_error = response, None
         kind = response.headers.get("content-type", "")
-        return 200 <= response.status_code < 300 and kind.startswith("text/event-stream")
+        return bool(200 <= response.status_code < 300 and kind.startswith("text/event-stream"))
 
     def failed(self, error: BaseException) -> None:
         self._drop_last()
@@ -409,10 +409,10 @@ class TransportBase:
     ``is_async``.
     """
 
-    hx: ClassVar[Any]
-    is_async: ClassVar[bool]
-    sync_stream: ClassVar[Callable[[Any, _StreamHold], Any]]
-    async_stream: ClassVar[Callable[[Any, _StreamHold], Any]]
+    hx: Any
+    is_async: bool
+    sync_stream: type[Any]
+    async_stream: type[Any]
 
     def __init__(
         self,
@@ -524,11 +524,8 @@ class TransportBase:
         outcome = await loop.call(attempt, route=plan.route, **self._options(plan))
         return attempt.finish(outcome)
 
-    def _options(self, plan: RequestPlan) -> dict[str, Any]:
+    def _options(self, plan: RequestPlan) -> CallOptions:
         # The transport cannot rewrite a request for another model: no fallbacks here.
-        return {
-            "cost": plan.cost,
-            "operation": plan.operation,
-            "idempotent": plan.idempotent,
-            "fallbacks": (),
-        }
+        return CallOptions(
+            cost=plan.cost, operation=plan.operation, idempotent=plan.idempotent, fallbacks=()
+        )

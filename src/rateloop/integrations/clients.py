@@ -39,6 +39,20 @@ __all__ = [
 _POOL = {"max_connections": 1000, "max_keepalive_connections": 100}
 
 
+# rateloop's own keyword arguments (everything else goes to the SDK).
+_OURS = (
+    "policy",
+    "limiter",
+    "loop",
+    "clock",
+    "sinks",
+    "enabled",
+    "max_body_bytes",
+    "first_byte_timeout",
+    "idle_timeout",
+)
+
+
 def _need(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
@@ -96,7 +110,7 @@ def _split(kwargs: dict[str, Any]) -> dict[str, Any]:
             )
     return {
         name: kwargs.pop(name)
-        for name in ("policy", "limiter", "loop", "clock", "sinks", "enabled")
+        for name in _OURS
         if name in kwargs
     }
 
