@@ -133,34 +133,56 @@ class SSEWatch:
 
     >>> watch = SSEWatch()
     >>> watch.feed(b'data: {"usage": {"prompt_tokens": 3, "completion_tokens": 5}}\\n\\n')
+    63
     >>> watch.usage(), watch.error
     ((3, 5), None)
-    >>> watch.feed(b'event: error\\ndata: {"type": "error", "error": ')
+    >>> watch.feed(b'data: {}\\n\\nevent: error\\ndata: {"type": "error", "error": ')
+    56
     >>> watch.feed(b'{"type": "overloaded_error", "message": "Overloaded"}}\\n\\n')
-    >>> watch.error.kind.value
-    'overload'
+    0
+    >>> watch.error.kind.value, watch.error_at
+    ('overload', 75)
     """
 
-    __slots__ = ("_buffer", "_input", "_output", "error", "events")
+    __slots__ = ("_buffer", "_input", "_output", "_start", "error", "error_at", "events", "fed")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._start = 0  # stream offset of the buffer's first byte
         self._input: int | None = None
         self._output: int | None = None
         self.error: LimitSignal | None = None
+        self.error_at = 0  # stream offset where the error event begins
         self.events = 0
+        self.fed = 0
 
-    def feed(self, chunk: bytes) -> None:
-        """Take the next chunk; sets :attr:`error` when an error event completes."""
+    def feed(self, chunk: bytes) -> int:
+        """Take the next chunk; return how many of its bytes come before an error event.
+
+        That is ``len(chunk)`` while the stream is healthy; once an error event
+        completes, :attr:`error` is set and the bytes from the event on are not
+        counted (the caller passes the prefix through, then raises).
+        """
+        chunk_start = self.fed
+        self.fed += len(chunk)
+        if self.error is not None:
+            return 0
         self._buffer += chunk
         while self.error is None:
             cut = _event_end(self._buffer)
             if cut is None:
                 break
             raw, self._buffer = self._buffer[: cut[0]], self._buffer[cut[1] :]
+            event_start = self._start
+            self._start += cut[1]
             self._event(raw)
+            if self.error is not None:
+                self.error_at = event_start
+                return max(0, event_start - chunk_start)
         if len(self._buffer) > _MAX_EVENT_BYTES:
+            self._start += len(self._buffer)
             self._buffer = b""  # one enormous event: let it through unread
+        return len(chunk)
 
     def _event(self, raw: bytes) -> None:
         self.events += 1

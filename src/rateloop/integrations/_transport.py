@@ -150,10 +150,15 @@ class _StreamHold:
             else:
                 await reservation.asettle(*usage)
 
-    def check(self, chunk: bytes) -> None:
-        self.watch.feed(chunk)
+    def check(self, chunk: bytes) -> bytes:
+        """The part of ``chunk`` to pass on; raises once an error event is complete."""
         if self.watch.error is not None:
             raise StreamInterrupted(self.watch.error, route=self.route)
+        return chunk[: self.watch.feed(chunk)]
+
+    @property
+    def failed(self) -> bool:
+        return self.watch.error is not None
 
 
 def _release_abandoned(box: list[Any]) -> None:
@@ -176,8 +181,11 @@ class SyncStreamBody:
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
-                self._hold.check(chunk)
-                yield chunk
+                passed = self._hold.check(chunk)
+                if passed:
+                    yield passed
+                if self._hold.failed:
+                    self._hold.check(b"")  # the error, after the bytes that came before it
             self._hold.completed = True
         finally:
             self._hold.finish()
@@ -200,8 +208,11 @@ class AsyncStreamBody:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
-                self._hold.check(chunk)
-                yield chunk
+                passed = self._hold.check(chunk)
+                if passed:
+                    yield passed
+                if self._hold.failed:
+                    self._hold.check(b"")  # the error, after the bytes that came before it
             self._hold.completed = True
         finally:
             # Also on task cancellation: the capacity goes back before the cancel goes on.
