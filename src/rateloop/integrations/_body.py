@@ -141,7 +141,7 @@ class SSEWatch:
     >>> watch.feed(b'{"type": "overloaded_error", "message": "Overloaded"}}\\n\\n')
     0
     >>> watch.error.kind.value, watch.error_at
-    ('overload', 75)
+    ('overload', 73)
     """
 
     __slots__ = ("_buffer", "_input", "_output", "_start", "error", "error_at", "events", "fed")
