@@ -58,7 +58,13 @@ from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.signal import LimitSignal
 
-__all__ = ["OUTCOME_KEY", "AdmissionRefused", "StreamInterrupted", "TransportBase"]
+__all__ = [
+    "OUTCOME_KEY",
+    "AdmissionRefused",
+    "StreamInterrupted",
+    "TransportBase",
+    "admission_refusal",
+]
 
 #: Where a response carries its outcome: ``response.extensions[OUTCOME_KEY]``.
 OUTCOME_KEY = "rateloop_outcome"
@@ -70,10 +76,22 @@ class AdmissionRefused(RateLimitExhausted):
     Distinct from a provider's refusal (which reaches the caller as the SDK's own
     exception): ``outcome.status`` is ``waiting_for_capacity`` (no capacity
     before the budget or deadline; ``outcome.retry_at`` says when) or
-    ``rejected`` (the cost can never fit the configured limits).  The
-    OpenAI (3.x) and Anthropic (2.x) SDKs translate only HTTP errors, so it
-    reaches the caller as itself through their clients too.
+    ``rejected`` (the cost can never fit the configured limits).  Through an
+    SDK it reaches the caller as itself (OpenAI 3.x, google-genai) or as the
+    ``__cause__`` of the SDK's connection error (Anthropic 2.x);
+    :func:`admission_refusal` finds it in either case.
     """
+
+
+def admission_refusal(error: BaseException | None) -> AdmissionRefused | None:
+    """The :class:`AdmissionRefused` behind ``error`` (itself or a cause), if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, AdmissionRefused):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class StreamInterrupted(RateloopError):

@@ -15,6 +15,7 @@ from rateloop.integrations._transport import (
     StreamInterrupted,
     SyncStreamBody,
     TransportBase,
+    admission_refusal,
 )
 
 try:
@@ -30,6 +31,7 @@ __all__ = [
     "AsyncRateLoopTransport",
     "RateLoopTransport",
     "StreamInterrupted",
+    "admission_refusal",
 ]
 
 
