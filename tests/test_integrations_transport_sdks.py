@@ -1,4 +1,4 @@
-"""The failure matrix through every ready client: openai, anthropic and google-genai, sync and async.
+"""The failure matrix through every ready client: openai, anthropic, google-genai, sync and async.
 
 Each row scripts the provider on 127.0.0.1 and checks what the real SDK
 returned or raised and how many requests the server saw (the SDK's own
