@@ -188,3 +188,26 @@ def test_waits_of_one_call_never_exceed_its_budget(
         # the retry starts within the recovery budget measured from the first refusal
         assert clock.monotonic() - first <= recovery + 1e-6
     assert sum(clock.sleeps) <= recovery + 1e-6
+
+
+def test_sdk_retries_spend_the_call_and_run_budgets() -> None:
+    run = RunBudget(10)
+    budget = CallBudget(max_attempts=6, recovery_budget_secs=60, started_at=0.0, run=run)
+    assert budget.record_attempt()
+    budget.record_sdk_retries(2)  # the SDK sent 3 requests in one attempt
+    assert budget.attempts == 3 and run.used == 3
+    assert budget.record_attempt()
+    budget.record_sdk_retries(2)
+    assert budget.attempts == 6
+    assert not budget.can_attempt() and not budget.record_attempt()
+    budget.record_sdk_retries(0)
+    with pytest.raises(ValueError, match="SDK retries"):
+        budget.record_sdk_retries(-1)
+
+
+def test_a_run_charged_past_its_budget_is_exhausted() -> None:
+    run = RunBudget(2)
+    run.charge(5)
+    assert run.exhausted and run.remaining == 0 and run.used == 5
+    with pytest.raises(ValueError, match="charge"):
+        run.charge(-1)

@@ -171,3 +171,34 @@ def test_config_check_never_prints_a_connection_password(tmp_path: Path) -> None
     policy = Policy.from_toml(path)
     assert "s3cret" not in repr(policy) and "s3cret" not in repr(policy.admission)
     assert policy.admission.backend.endswith("s3cret@127.0.0.1:6379/0")  # the value itself is kept
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0?password=s3cretpw",
+        "redis://:s3cretpw@127.0.0.1:6379/0",
+        "rediss://user:s3cretpw@127.0.0.1:6379/0?ssl_cert_reqs=none",
+    ],
+)
+def test_check_hides_every_form_of_backend_password(
+    runner: CliRunner, tmp_path: Path, url: str
+) -> None:
+    org = tmp_path / "org.toml"
+    org.write_text(f'[admission]\nbackend = "{url}"\n[governance]\nlocked = ["admission"]\n')
+    repo = tmp_path / "repo.toml"
+    repo.write_text(f'[admission]\nbackend = "{url.replace("s3cretpw", "0therpw")}"\n')
+    result = runner.invoke(app, ["config", "check", str(org), str(repo)])
+    assert result.exit_code == 0, result.output
+    assert "1 lock warning" in result.output
+    assert "s3cretpw" not in result.output and "0therpw" not in result.output
+    assert "***" in result.output
+
+
+def test_check_rejects_a_bad_port_without_crashing(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[admission]\nbackend = "redis://:s3cretpw@127.0.0.1:99999/0"\n')
+    result = runner.invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert "admission.backend" in result.output and "a port from 1 to 65535" in result.output
+    assert "s3cretpw" not in result.output

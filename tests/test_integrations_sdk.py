@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from rateloop.errors import SdkRetriesWarning
 from rateloop.integrations.sdk import anthropic_client, openai_client, sdk_retries_taken
-from rateloop.loop import RateLoop
+from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Status
 from rateloop.policy import Policy
 from rateloop.route import Route
@@ -127,7 +128,8 @@ def test_sdk_retries_left_on_are_counted(throttled_twice: Provider) -> None:
     clock = FakeClock()
     client = openai.OpenAI(api_key="sk-test", base_url=throttled_twice.url, max_retries=1)
     loop = RateLoop(Policy.from_dict({"backoff": {"jitter": "none"}}), clock=clock)
-    out = loop.call(ask(client), route=ROUTE)
+    with pytest.warns(SdkRetriesWarning, match="max_retries=0"):
+        out = loop.call(ask(client), route=ROUTE)
     assert out.status is Status.COMPLETED
     # Attempt 1: two requests (the SDK retried once), both 429. Attempt 2: one request, 200.
     assert out.attempts.loop == 2
@@ -147,7 +149,8 @@ def test_sdk_retries_inside_a_successful_attempt_are_counted() -> None:
     script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
     with Provider(script) as provider:
         client = openai_client(api_key="sk-test", base_url=provider.url, max_retries=1)
-        out = RateLoop(Policy(), clock=FakeClock()).call(ask(client), route=ROUTE)
+        with pytest.warns(SdkRetriesWarning):
+            out = RateLoop(Policy(), clock=FakeClock()).call(ask(client), route=ROUTE)
         assert out.status is Status.COMPLETED
         assert (out.attempts.loop, out.attempts.sdk) == (1, 1)
         assert out.attempts.provider_requests == len(provider.retry_counts) == 2
@@ -157,7 +160,6 @@ def test_async_client_requests_are_counted_too() -> None:
     import asyncio
 
     from rateloop.integrations.sdk import async_openai_client
-    from rateloop.loop import AsyncRateLoop
 
     script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
     with Provider(script) as provider:
@@ -168,6 +170,47 @@ def test_async_client_requests_are_counted_too() -> None:
                 model=route.model, messages=[{"role": "user", "content": "hi"}]
             )
 
-        out = asyncio.run(AsyncRateLoop(Policy(), clock=FakeClock()).call(fn, route=ROUTE))
+        with pytest.warns(SdkRetriesWarning):
+            out = asyncio.run(AsyncRateLoop(Policy(), clock=FakeClock()).call(fn, route=ROUTE))
         assert out.status is Status.COMPLETED
         assert out.attempts.provider_requests == len(provider.retry_counts) == 2
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_the_retry_budget_counts_the_requests_the_provider_saw(twin: str) -> None:
+    """max_attempts = 6 with a plain SDK client that keeps its own 2 retries: 6 requests."""
+    import asyncio
+
+    script = [(429, THROTTLE, {"retry-after-ms": "1"})]
+    policy = Policy.from_dict({"max_attempts": 6, "backoff": {"jitter": "none"}})
+    with Provider(script) as provider:
+        if twin == "sync":
+            client = openai.OpenAI(api_key="sk-test", base_url=provider.url, max_retries=2)
+            loop = RateLoop(policy, clock=FakeClock())
+            with pytest.warns(SdkRetriesWarning) as warned:
+                out = loop.call(ask(client), route=ROUTE)
+                loop.call(ask(client), route=ROUTE)  # the warning is given once per loop
+        else:
+            aclient = openai.AsyncOpenAI(api_key="sk-test", base_url=provider.url, max_retries=2)
+
+            async def fn(route: Route) -> Any:
+                return await aclient.chat.completions.create(
+                    model=route.model, messages=[{"role": "user", "content": "hi"}]
+                )
+
+            aloop = AsyncRateLoop(policy, clock=FakeClock())
+
+            async def twice() -> Any:
+                first = await aloop.call(fn, route=ROUTE)
+                await aloop.call(fn, route=ROUTE)
+                return first
+
+            with pytest.warns(SdkRetriesWarning) as warned:
+                out = asyncio.run(twice())
+    assert out.status is Status.FAILED_RETRY_EXHAUSTED
+    # Two loop attempts of three requests each (1 + 2 SDK retries): the provider saw 6, not 18.
+    assert (out.attempts.loop, out.attempts.sdk) == (2, 4)
+    assert out.attempts.provider_requests == 6
+    assert len(provider.retry_counts) == 12  # two calls of 6 requests
+    assert len([w for w in warned if w.category is SdkRetriesWarning]) == 1
+    assert isinstance(out.error, openai.RateLimitError)

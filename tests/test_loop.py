@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rateloop.errors import SdkRetriesWarning
 from rateloop.events import LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
@@ -183,7 +184,8 @@ def test_sdk_internal_retries_are_counted(run: Runner) -> None:
         retries_taken = 2
 
     fn = FaultScript([Raw()])
-    out = run(fn, route=A, policy=policy())
+    with pytest.warns(SdkRetriesWarning, match="max_retries=0"):
+        out = run(fn, route=A, policy=policy())
     assert out.status is Status.COMPLETED
     assert (out.attempts.loop, out.attempts.sdk) == (1, 2)
     assert out.attempts.provider_requests == 3
@@ -195,7 +197,8 @@ def test_sdk_retries_read_from_the_stainless_header_of_a_real_openai_error(run: 
     resp = httpx.Response(429, json=openai_429(), request=request)
     err = openai.RateLimitError("Rate limit reached", response=resp, body=openai_429()["error"])
     fn = FaultScript([err, OK])
-    out = run(fn, route=A, policy=policy())
+    with pytest.warns(SdkRetriesWarning):
+        out = run(fn, route=A, policy=policy())
     assert out.status is Status.COMPLETED
     assert out.attempts.sdk == 3
     assert out.attempts.provider_requests == 5

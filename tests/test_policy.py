@@ -15,7 +15,14 @@ import yaml
 from rateloop.admission.spec import LimitSpec
 from rateloop.budget import CallBudget
 from rateloop.errors import ConfigError
-from rateloop.policy import AdmissionPolicy, AgentsPolicy, FallbackPolicy, Governance, Policy
+from rateloop.policy import (
+    AdmissionPolicy,
+    AgentsPolicy,
+    FallbackPolicy,
+    Governance,
+    Layer,
+    Policy,
+)
 from rateloop.route import Route
 from rateloop.timing import Backoff
 
@@ -111,7 +118,7 @@ EDGES: list[tuple[str, list[Any], list[Any], dict[str, Any]]] = [
         [1, 86_400],
         {"backoff": {"initial_delay_secs": 1}},
     ),
-    ("backoff.multiplier", [0.999, 0, math.inf, True], [1, 1.5, 1e6], {}),
+    ("backoff.multiplier", [0.999, 0, math.inf, True, 100.5, 1e6], [1, 1.5, 100], {}),
     (
         "backoff.strategy",
         ["fibonacci", ""],
@@ -123,11 +130,16 @@ EDGES: list[tuple[str, list[Any], list[Any], dict[str, Any]]] = [
     ("agents.base_delay_secs", [-0.001, 86_401], [0, 86_400], {}),
     ("agents.max_delay_secs", [-1, 86_400.1], [0, 86_400], {}),
     ("agents.fallback_auto_model", [1, "yes", None], [True, False], {}),
-    ("agents.max_step_output_bytes", [0, -1, 1.5], [1, 10**12], {}),
-    ("admission.backend", ["", 5], ["memory://", "redis://127.0.0.1:6379/0"], {}),
+    ("agents.max_step_output_bytes", [0, -1, 1.5, 10**12 + 1, 2**1024], [1, 10**12], {}),
+    (
+        "admission.backend",
+        ["", 5, "redis://h:notaport/0", "redis://h:99999/0", "redis://h:0/0", "127.0.0.1:6379"],
+        ["memory://", "redis://127.0.0.1:6379/0", "redis://:pw@h/0", "unix:///tmp/r.sock"],
+        {},
+    ),
     ("admission.on_unreachable", ["open", "fail-closed"], ["fail_closed", "local"], {}),
     ("admission.local_share", [0, -0.1, 1.0001, math.nan], [1e-9, 0.5, 1], {}),
-    ("fallback.max_cost_usd", [-0.01, "1"], [0, 2.5, None], {}),
+    ("fallback.max_cost_usd", [-0.01, "1", 1e6 + 1, 10**400], [0, 2.5, 1e6, None], {}),
     ("fallback.allowed_providers", ["openai", [1], [""]], [[], ["openai"], None], {}),
     ("fallback.data_class", ["", 3], ["pii", None], {}),
     (
@@ -407,11 +419,17 @@ def test_docs_and_example_cover_every_key() -> None:
     root = Path(__file__).resolve().parent.parent
     docs = (root / "docs" / "policy.md").read_text(encoding="utf-8")
     example = Policy.from_toml(root / "examples" / "policy.toml")
+    text = (root / "examples" / "policy.toml").read_text(encoding="utf-8")
+    # Shown commented out: set, it would skip every fallback without the tag (the README's).
+    commented = {"fallback.data_class": '# data_class = "pii"'}
     for path in Policy().leaves():
         table, _, name = path.rpartition(".")
         assert f"`{name}`" in docs, path
         if table:
             assert f"`[{table}]`" in docs or f"[{table}]" in docs, table
+        if path in commented:
+            assert commented[path] in text, path
+            continue
         assert example.provenance[path].endswith("policy.toml"), path
 
 
@@ -426,3 +444,78 @@ def test_docs_and_example_cover_every_key() -> None:
 def test_a_huge_integer_is_a_config_error_not_an_overflow(data: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="invalid value"):
         Policy.from_dict(data)
+
+
+# --- issue 10: keys no route can match, bounds on every number, secrets ----------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("gpt-4o", "is not a scope: write provider:model"),
+        ("OpenAI:gpt-4o", "routes name providers in lowercase, e.g. 'openai:gpt-4o'"),
+        ("openai:", "is not a scope"),
+        ("a:b:c:d:e", "is not a scope"),
+        ("openai:gpt 4o", "is not a scope"),
+    ],
+)
+def test_a_limits_key_that_no_route_can_match_fails_loading(key: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)) as info:
+        Policy.from_dict({"limits": {key: {"concurrency": 2}}})
+    assert info.value.key is not None and info.value.key.startswith("limits.")
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        Policy(limits={key: LimitSpec(concurrency=2)})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("burst", 10**400),
+        ("reserve", 10**400),
+        ("lease_ttl_secs", 10**400),
+        ("requests_per_minute", 2**1024),
+        ("tokens_per_minute", 10**12 + 1),
+        ("concurrency", 10**6 + 1),
+    ],
+)
+def test_every_limit_number_has_an_upper_bound(field: str, value: int) -> None:
+    with pytest.raises(ConfigError, match="invalid value") as info:
+        Policy.from_dict({"limits": {"openai:gpt-5": {field: value}}})
+    assert info.value.key == f'limits."openai:gpt-5".{field}'
+    assert len(str(info.value)) < 300  # a huge number is described, not printed
+
+
+def test_every_numeric_key_has_an_upper_bound() -> None:
+    from rateloop.policy._schema import _ROUTE_FIELDS, SCHEMA
+
+    leaves = [*(leaf for t in SCHEMA.values() for leaf in t.values()), *_ROUTE_FIELDS.values()]
+    numeric = [leaf for leaf in leaves if leaf.kind in ("int", "float")]
+    assert numeric and all(leaf.hi is not None for leaf in numeric)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://user:s3cretpw@127.0.0.1:6379/0",
+        "redis://:s3cretpw@127.0.0.1:6379/0",
+        "redis://127.0.0.1:6379/0?password=s3cretpw",
+        "rediss://127.0.0.1:6379/0?db=0&password=s3cretpw",
+        "unix://:s3cretpw@/tmp/redis.sock?db=0",
+    ],
+)
+def test_a_backend_password_never_shows(url: str) -> None:
+    policy = Policy.from_dict({"admission": {"backend": url}})
+    assert "s3cretpw" not in repr(policy)
+    assert "s3cretpw" not in repr(policy.admission)
+    # An invalid value echoed back, and the lock warning naming both values.
+    with pytest.raises(ConfigError) as info:
+        Policy.from_dict({"admission": {"on_unreachable": url}})
+    assert "s3cretpw" not in str(info.value) and "s3cretpw" not in str(info.value.value)
+    locked = Policy.layered(
+        Layer.defaults(),
+        Layer("org", {"admission": {"backend": url}, "governance": {"locked": ["admission"]}}),
+        Layer("repo", {"admission": {"backend": url.replace("s3cretpw", "0therpw")}}),
+    )
+    (warning,) = locked.warnings
+    for text in (str(warning), repr(warning)):
+        assert "s3cretpw" not in text and "0therpw" not in text

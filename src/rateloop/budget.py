@@ -3,7 +3,10 @@
 Two budgets bound every retry loop:
 
 * :class:`CallBudget` — one call's attempts (the first attempt counts) and
-  its recovery time.  The recovery clock starts at the FIRST refusal, not at
+  its recovery time.  Attempts are counted as the provider sees them: the
+  loop's own attempts plus the retries an SDK took inside them
+  (:meth:`CallBudget.record_sdk_retries`), so a client that keeps its own
+  retries on cannot multiply the budget.  The recovery clock starts at the FIRST refusal, not at
   the start of the call: a call that worked for ten minutes and is then
   throttled still gets its whole recovery budget.  Time spent inside later
   attempts counts against it too, so the budget bounds the wall time from
@@ -66,6 +69,16 @@ class RunBudget:
         self._used = 0
         self._lock = threading.Lock()
 
+    def charge(self, n: int) -> None:
+        """Record ``n`` attempts already made (retries inside an SDK): never refused.
+
+        The count may pass ``max_attempts``; the budget is then exhausted.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"RunBudget.charge n must be an int >= 0, got {n!r}")
+        with self._lock:
+            self._used += n
+
     def try_spend(self, n: int = 1) -> bool:
         """Spend ``n`` attempts, all or none; False when fewer than ``n`` remain."""
         _positive_int("RunBudget.try_spend", "n", n)
@@ -81,7 +94,7 @@ class RunBudget:
 
     @property
     def remaining(self) -> int:
-        return self.max_attempts - self._used
+        return max(self.max_attempts - self._used, 0)
 
     @property
     def exhausted(self) -> bool:
@@ -137,7 +150,7 @@ class CallBudget:
 
     @property
     def attempts(self) -> int:
-        """Attempts recorded by this call, the first one included."""
+        """Attempts recorded by this call, the first one included, SDK retries too."""
         return self._attempts
 
     def can_attempt(self) -> bool:
@@ -154,6 +167,19 @@ class CallBudget:
             return False
         self._attempts += 1
         return True
+
+    def record_sdk_retries(self, retries: int) -> None:
+        """Count retries an SDK took inside the last attempt: they reached the provider.
+
+        They are not refused (they already happened); they spend from the
+        run budget too, and may leave this call with no attempt left.
+        """
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"SDK retries must be an int >= 0, got {retries!r}")
+        if retries:
+            self._attempts += retries
+            if self.run is not None:
+                self.run.charge(retries)
 
     # -- time ------------------------------------------------------------
 

@@ -25,16 +25,27 @@ The rules, in order:
 3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
    ``invalid``, ``needs_operator`` (permission), or ``failed_retry_exhausted``
    with a reason saying it was not retried.
-4. A kind inside the scope is retried while the attempt budget lasts: on the
-   same route while it has attempts left (``attempts_per_route``), else on
-   the next eligible route.  A server minimum (Retry-After, reset header) is a
-   floor on a same-route wait; when it does not fit the pause limit, the
-   recovery budget or the deadline, the call stops ``waiting_for_capacity``
-   with the time to retry at, without sleeping.  No wait that would end at or
-   after the caller's deadline is taken, jitter included.  A backoff wait of
-   our own that does not fit the loop's own budgets (recovery,
-   ``max_wait_secs``) is shortened to what is left of them; with nothing left
-   the call is ``failed_retry_exhausted``.
+4. A kind inside the scope is retried while the attempt budget lasts
+   (attempts as the provider saw them: SDK retries count): on the same
+   route while it has attempts left, else on the next eligible route.  A
+   route's attempts are ``attempts_per_route``; unset, a chain with
+   fallbacks gives each route :data:`DEFAULT_ATTEMPTS_PER_ROUTE` and a lone
+   route gets all of ``max_attempts``.
+5. A server minimum (Retry-After, reset header) is a floor on a same-route
+   wait.  When it does not fit the pause limit, the recovery budget or the
+   deadline, the call moves at once (no wait) to the next eligible route;
+   with none, it stops ``waiting_for_capacity`` with the time to retry at,
+   without sleeping.
+6. No sleep is longer than ``pause_limit_secs``: a backoff step of our own
+   beyond it is capped at it (our backoff is a guess; the pause limit is the
+   longest the caller agreed to be held).  A backoff wait that does not fit
+   the loop's own budgets (recovery, ``max_wait_secs``) is shortened to what
+   is left of them; with nothing left the call is ``failed_retry_exhausted``.
+7. No wait that would end at or after the caller's deadline is taken.  When
+   the wait's floor (the server minimum, or the least our jitter could draw)
+   ends before the deadline, the jitter is clamped into the room left (at
+   most half of it, keeping the rest for the attempt); otherwise the call
+   stops ``waiting_for_capacity``.
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from rateloop.signal import Kind, LimitSignal
 from rateloop.timing import Backoff, plan_wait
 
 __all__ = [
+    "DEFAULT_ATTEMPTS_PER_ROUTE",
     "TRIGGER_SCOPES",
     "Decision",
     "FallBack",
@@ -71,6 +83,10 @@ TRIGGER_SCOPES: dict[str, frozenset[Kind]] = {
 }
 
 Skips = tuple[tuple[Route, str], ...]
+
+#: Attempts per route when a chain has fallbacks and ``attempts_per_route`` is
+#: unset: one try and 4 retries, crab'd's default of 4 retries per model.
+DEFAULT_ATTEMPTS_PER_ROUTE = 5
 
 # How the outcome of a degraded call names what happened to the primary.
 _LIMITED_AS: dict[Kind | None, str] = {
@@ -166,9 +182,7 @@ def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
         raise ValueError(f"unknown trigger_scope {trigger_scope!r} (allowed: {allowed})") from None
 
 
-def decide(
-    state: LoopState, signal: LimitSignal | None, policy: Policy, now: float
-) -> Decision:
+def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: float) -> Decision:
     """What to do after an attempt on ``state.route`` returned ``signal``.
 
     With ``signal`` None (no attempt yet on this step) the answer is
@@ -219,8 +233,24 @@ def decide(
         return _exhausted(state, signal, f"all {state.budget.attempts} attempts used")
 
     per_route = policy.attempts_per_route
+    if per_route is None and len(state.chain) > 1:
+        per_route = DEFAULT_ATTEMPTS_PER_ROUTE
     if per_route is None or state.route_attempts < per_route:
-        return _wait_same_route(state, signal, policy, now)
+        step = _wait_same_route(state, signal, policy, now)
+        if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
+            return step
+        # The primary's own wait cannot fit: a healthy fallback may still serve the call now.
+        found = _next_route(state, policy, exclude_providers=state.spent_providers)
+        if isinstance(found, FallBack):
+            reason = f"{step.reason}; falling back to {found.route.scope} at once"
+            return FallBack(found.route, 0.0, reason, found.index, found.skipped)
+        return Stop(
+            step.status,
+            step.reason,
+            retry_at=step.retry_at,
+            retry_in=step.retry_in,
+            skipped=found,
+        )
 
     found = _next_route(state, policy, exclude_providers=state.spent_providers)
     if isinstance(found, FallBack):
@@ -267,19 +297,18 @@ def _wait_before(
 ) -> Wait | Stop:
     """The wait before the next attempt on ``route``, or why there is none.
 
-    The caller's deadline is a hard line: a wait that would end at or after it
-    is not taken, and the call stops ``waiting_for_capacity`` with the time it
-    would have retried at.  The loop's own budgets (the recovery budget,
-    ``max_wait_secs``) bind a server's minimum the same way, but our own
-    backoff is only a guess, so it is shortened to what is left of them; with
-    nothing left the retries are exhausted.
+    Rules 5-7 of the module: a server minimum that does not fit stops;
+    our own backoff is capped at the pause limit and the budget left; the
+    jitter is clamped to end before the deadline when the floor fits.
     """
     own_left = _own_budget_left(state.budget, now)
+    limit = policy.pause_limit_secs
+    n = state.waits + 1
     plan = plan_wait(
         state.backoff,
-        state.waits + 1,
+        n,
         server_minimum=minimum,
-        pause_limit=policy.pause_limit_secs,
+        pause_limit=limit,
         time_left=own_left,
         previous=state.previous_wait,
     )
@@ -292,23 +321,31 @@ def _wait_before(
             plan.reason or f"the server's wait of {minimum:g}s does not fit",
             retry_at=_later(signal.reset_at, state.wall(now + minimum)),
         )
-    elif own_left is not None and own_left > 0:
-        wait = own_left
-        source = f"backoff shortened to the {own_left:g}s left in the budget"
-    else:
+    elif own_left is not None and own_left <= 0:
         return _exhausted(state, signal, "the time budget is spent")
+    else:
+        # Our own backoff is a guess: cap it at the pause limit and the budget left.
+        wait = min(limit, own_left) if own_left is not None else limit
+        source = f"backoff capped at {wait:g}s (pause limit {limit:g}s, budget left)"
     deadline = state.budget.deadline
     if deadline is not None and now + wait >= deadline:
-        return Stop(
-            Status.WAITING_FOR_CAPACITY,
-            f"a wait of {wait:g}s on {route.scope} would end after the deadline",
-            # With a server minimum, that is when capacity returns; the jitter is ours.
-            retry_at=(
-                _later(signal.reset_at, state.wall(now + minimum))
-                if minimum
-                else state.wall(now + wait)
-            ),
-        )
+        room = deadline - now
+        floor = min(minimum if minimum else state.backoff.bounds(n)[0], wait)
+        if floor < room:
+            # The floor fits before the deadline: clamp only the jitter, never the floor.
+            wait = floor + min(wait - floor, (room - floor) / 2)
+            source += f", jitter clamped to end before the deadline ({wait:g}s)"
+        else:
+            return Stop(
+                Status.WAITING_FOR_CAPACITY,
+                f"a wait of {wait:g}s on {route.scope} would end after the deadline",
+                # With a server minimum, that is when capacity returns; the jitter is ours.
+                retry_at=(
+                    _later(signal.reset_at, state.wall(now + minimum))
+                    if minimum
+                    else state.wall(now + wait)
+                ),
+            )
     return Wait(wait, f"{signal.kind.value} on {state.route.scope}; {source}", route)
 
 
@@ -348,9 +385,7 @@ def _next_route(
     return tuple(skipped)
 
 
-def _exhausted(
-    state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()
-) -> Stop:
+def _exhausted(state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()) -> Stop:
     return Stop(
         Status.FAILED_RETRY_EXHAUSTED,
         f"{signal.kind.value} persisted on {state.route.scope}: {why}",
@@ -358,9 +393,7 @@ def _exhausted(
     )
 
 
-def _stop_for(
-    state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()
-) -> Stop:
+def _stop_for(state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()) -> Stop:
     """The terminal status for a signal the loop will not retry."""
     kind = signal.kind
     scope = state.route.scope

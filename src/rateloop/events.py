@@ -11,7 +11,12 @@ builds them from the normalized signal, and :func:`_safe_token` keeps the few
 provider-supplied strings (error code, request id) to a short token alphabet.
 
 Sinks are plain callables ``(CapacityEvent) -> None``; :class:`LoggingSink`
-writes JSON lines to the stdlib logger ``rateloop.events``.
+writes JSON lines to the stdlib logger ``rateloop.events`` (for machines),
+:class:`ConsoleSink` a few rate-limited lines for a person at a terminal.
+A sink may also define ``call_started(scope)`` and ``call_finished(outcome)``:
+the loop calls them around every call (a first-try success included), which
+is how :class:`ConsoleSink` counts calls in flight.  Both are optional, so
+any plain callable remains a sink.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from rateloop._console import ConsoleSink
 from rateloop._redact import redact
 
 if TYPE_CHECKING:
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CapacityEvent",
+    "ConsoleSink",
     "DecisionKind",
     "EventSink",
     "LoggingSink",

@@ -107,6 +107,9 @@ class Outcome:
 
     ``limited_route`` is set when the call finished on a fallback: the route
     that was limited.  ``reason`` is a short sentence a human can read.
+    ``error`` is the last exception the call raised, the original object
+    (None when every attempt returned); ``waited_secs`` is the total time
+    the call slept: backoff, server minimums and admission waits together.
     """
 
     status: Status
@@ -118,6 +121,8 @@ class Outcome:
     retry_at: datetime | None = None
     signal: LimitSignal | None = None
     events: Sequence[CapacityEvent] = ()
+    error: BaseException | None = None
+    waited_secs: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -132,4 +137,8 @@ class Outcome:
             parts.append(f"retry_at={self.retry_at.isoformat()}")
         if self.signal is not None:
             parts.append(f"signal={self.signal.kind.value}")
+        if self.waited_secs:
+            parts.append(f"waited={self.waited_secs:g}s")
+        if self.error is not None:
+            parts.append(f"error={type(self.error).__name__}")
         return f"Outcome({', '.join(parts)})"

@@ -28,6 +28,9 @@ from rateloop.policy._schema import (
     check_lock_path,
     cross_check,
     dotted,
+    limit_bound_problems,
+    scope_key_problem,
+    shown,
 )
 from rateloop.route import Route
 from rateloop.timing import Backoff, Jitter, Strategy
@@ -50,7 +53,7 @@ def _check(obj: object, names: Mapping[str, Path]) -> list[ConfigError]:
         except Invalid:
             errors.append(
                 ConfigError(
-                    f"invalid value {value!r}",
+                    f"invalid value {shown(value)}",
                     source=_CODE,
                     key=dotted(path),
                     value=value,
@@ -239,6 +242,30 @@ class Policy:
                     allowed="a mapping of scope key -> LimitSpec",
                 )
             )
+        for scope, spec in (limits or {}).items():
+            problem = scope_key_problem(scope)
+            if problem is not None:
+                errors.append(
+                    ConfigError(
+                        f"invalid scope key {scope!r}: {problem}",
+                        source=_CODE,
+                        key=dotted(("limits", str(scope))),
+                        value=scope,
+                        allowed="provider:model[:project[:tenant]]",
+                    )
+                )
+            elif isinstance(spec, LimitSpec):
+                fields_ = {f.name: getattr(spec, f.name) for f in fields(LimitSpec)}
+                errors += [
+                    ConfigError(
+                        f"invalid value {shown(value)}",
+                        source=_CODE,
+                        key=dotted(("limits", scope, name)),
+                        value=value,
+                        allowed=allowed,
+                    )
+                    for name, value, allowed in limit_bound_problems(fields_)
+                ]
         if not errors:
             values = {path: getattr(self, attr) for attr, path in _FLAT.items()}
             errors += [

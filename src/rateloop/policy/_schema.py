@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from difflib import get_close_matches
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import ConfigError
@@ -38,14 +39,43 @@ __all__ = [
     "cross_check",
     "default_leaves",
     "dotted",
+    "limit_bound_problems",
     "parse_path",
+    "scope_key_problem",
+    "shown",
 ]
 
 Path = tuple[str, ...]
-LeafKind = Literal["int", "float", "bool", "str", "choice", "strs", "routes"]
+LeafKind = Literal["int", "float", "bool", "str", "url", "choice", "strs", "routes"]
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Every number has an upper bound: a value past it is a typo, and an unbounded one
+# (2**1024) would load and then overflow at the first admission.
 _MAX_SECS = 86_400.0
+_MAX_MULTIPLIER = 100.0
+_MAX_USD = 1_000_000.0
+_MAX_BYTES = 10**12
+_MAX_CONTEXT = 10**9
+#: The upper bound of each numeric [limits."scope"] field (LimitSpec checks the rest).
+LIMIT_BOUNDS: Mapping[str, tuple[float, str]] = {
+    **dict.fromkeys(
+        (
+            "requests_per_minute",
+            "input_tokens_per_minute",
+            "output_tokens_per_minute",
+            "tokens_per_minute",
+            "requests_per_day",
+        ),
+        (10**12, "an integer from 1 to 1000000000000, or leave it unset for no limit"),
+    ),
+    "concurrency": (1_000_000, "an integer from 1 to 1000000, or leave it unset for no limit"),
+    "lease_ttl_secs": (86_400, "a number of seconds from 1 to 86400"),
+    "burst": (1, "a fraction 0 < burst <= 1"),
+    "reserve": (0.5, "a fraction 0 <= reserve < 0.5"),
+}
+_SCOPE_SEGMENT = re.compile(r"^[^\s:]+$")
+_PROVIDER = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+_URL = re.compile(r"^[a-z][a-z0-9+.\-]*://")
 
 
 class Invalid(Exception):
@@ -91,6 +121,10 @@ class Leaf:
             if self.hi is not None and number > self.hi:
                 raise Invalid
             return number
+        if self.kind == "url":
+            if not isinstance(value, str) or _url_problem(value) is not None:
+                raise Invalid
+            return value
         if self.kind in ("str", "choice"):
             if not isinstance(value, str) or not value.strip():
                 raise Invalid
@@ -145,7 +179,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "strategy": _choice("exponential", "exponential", "linear", "constant", "decorrelated"),
         "initial_delay_secs": _num("float", 5.0, 1, _MAX_SECS, _SECS),
         "max_delay_secs": _num("float", 60.0, 1, _MAX_SECS, _SECS),
-        "multiplier": _num("float", 2.0, 1, None),
+        "multiplier": _num("float", 2.0, 1, _MAX_MULTIPLIER),
         "jitter": _choice("equal", "none", "equal", "full"),
     },
     "fallback": {
@@ -156,7 +190,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
             optional=True,
             allowed="a list of provider names, or unset for any provider",
         ),
-        "max_cost_usd": _num("float", None, 0, None, " of US dollars", optional=True),
+        "max_cost_usd": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
         "data_class": Leaf(
             kind="str", default=None, optional=True, allowed="a data class tag, e.g. 'pii'"
         ),
@@ -166,13 +200,14 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "base_delay_secs": _num("float", 60.0, 0, _MAX_SECS, _SECS),
         "max_delay_secs": _num("float", 600.0, 0, _MAX_SECS, _SECS),
         "fallback_auto_model": Leaf(kind="bool", default=False, allowed="true or false"),
-        "max_step_output_bytes": _num("int", 10_000_000, 1, None),
+        "max_step_output_bytes": _num("int", 10_000_000, 1, _MAX_BYTES),
     },
     "admission": {
         "backend": Leaf(
-            kind="str",
+            kind="url",
             default="memory://",
-            allowed="a backend URL such as 'memory://' or 'redis://host:6379/0'",
+            allowed="a backend URL such as 'memory://' or 'redis://host:6379/0' "
+            "(a port from 1 to 65535)",
         ),
         "on_unreachable": _choice("fail_closed", "fail_closed", "local"),
         "local_share": _num("float", 1.0, 0, 1, lo_open=True),
@@ -193,10 +228,10 @@ _ROUTE_FIELDS: Mapping[str, Leaf] = {
     "model": Leaf(kind="str", default=None, allowed="a model name without ':'"),
     "project": Leaf(kind="str", default=None, optional=True, allowed="a project id, or unset"),
     "tenant": Leaf(kind="str", default=None, optional=True, allowed="a tenant id, or unset"),
-    "context_window": _num("int", None, 1, None, " of tokens", optional=True),
+    "context_window": _num("int", None, 1, _MAX_CONTEXT, " of tokens", optional=True),
     "tags": Leaf(kind="strs", default=(), allowed="a list of data class tags, e.g. ['pii']"),
-    "input_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
-    "output_price_per_mtok": _num("float", None, 0, None, " of US dollars", optional=True),
+    "input_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
+    "output_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
 }
 
 
@@ -239,6 +274,63 @@ def parse_path(text: str) -> Path:
     if not parts:
         raise ValueError("empty path")
     return tuple(parts)
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, but a number too long to read is described, not printed."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        digits = len(str(abs(value))) if abs(value) < 10**4000 else 4000
+        if digits > 24:
+            sign, more = ("-" if value < 0 else ""), ("+" if digits == 4000 else "")
+            return f"{sign}<an integer of {digits}{more} digits>"
+    return repr(value)
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` is not a usable backend URL (scheme, port), or None."""
+    if not _URL.match(url):
+        return "it has no scheme such as 'redis://'"
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return "its port is not a number from 1 to 65535"
+    if port == 0:
+        return "its port is not a number from 1 to 65535"
+    return None
+
+
+def scope_key_problem(key: object) -> str | None:
+    """Why ``key`` cannot be a route's scope (``provider:model[:project[:tenant]]``), or None."""
+    if not isinstance(key, str) or not key:
+        return "a scope key is a non-empty string"
+    parts = key.split(":")
+    if not 2 <= len(parts) <= 4 or not all(_SCOPE_SEGMENT.match(p) for p in parts):
+        return (
+            f"{key!r} is not a scope: write provider:model[:project[:tenant]], "
+            "e.g. 'openai:gpt-4o'; a route never matches a bare model name"
+        )
+    if not _PROVIDER.match(parts[0]):
+        return (
+            f"the provider {parts[0]!r} of {key!r} is not a lowercase name; "
+            f"routes name providers in lowercase, e.g. {parts[0].lower() + ':' + parts[1]!r}"
+        )
+    return None
+
+
+def limit_bound_problems(spec: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """(field, value, allowed) for each numeric limit field past its upper bound."""
+    out: list[tuple[str, Any, str]] = []
+    for name, (hi, allowed) in LIMIT_BOUNDS.items():
+        value = spec.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        try:
+            too_big = float(value) > hi or math.isnan(float(value))
+        except OverflowError:
+            too_big = True
+        if too_big:
+            out.append((name, value, allowed))
+    return out
 
 
 def _hint(name: str, known: list[str]) -> str:
@@ -293,7 +385,7 @@ class _Checker:
         )
 
     def invalid(self, path: Path, value: Any, allowed: str) -> None:
-        self.error(path, f"invalid value {value!r}", value, allowed)
+        self.error(path, f"invalid value {shown(value)}", value, allowed)
 
     def unknown(self, path: Path, known: list[str], value: Any, table: str) -> None:
         name = str(path[-1])
@@ -356,9 +448,21 @@ class _Checker:
         scopes = self.table(("limits",), value)
         for scope, spec in (scopes or {}).items():
             path = ("limits", str(scope))
-            if not isinstance(scope, str) or not scope:
-                self.error(path, f"invalid scope key {scope!r}", scope, "a scope key string")
+            problem = scope_key_problem(scope)
+            if problem is not None:
+                self.error(
+                    path,
+                    f"invalid scope key {scope!r}: {problem}",
+                    scope,
+                    "provider:model[:project[:tenant]]",
+                )
                 continue
+            if isinstance(spec, Mapping):
+                bounds = limit_bound_problems(spec)
+                for name, v, allowed in bounds:
+                    self.invalid((*path, str(name)), v, allowed)
+                if bounds:
+                    continue
             try:
                 LimitSpec.from_mapping(spec, source=self.source, key=dotted(path))
             except ConfigError as exc:
