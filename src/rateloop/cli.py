@@ -12,6 +12,7 @@ from rateloop import __version__
 from rateloop.agents.cli import register as _register_run
 from rateloop.classify.cli import register as _register_classify
 from rateloop.config_cli import register as _register_config
+from rateloop.testing._fake.cli import register as _register_fake_provider
 
 app = typer.Typer(
     name="rateloop",
@@ -43,6 +44,7 @@ def _root(
 _register_classify(app)
 _register_config(app)
 _register_run(app)
+_register_fake_provider(app)
 
 
 def main() -> None:

@@ -3,15 +3,41 @@
 :class:`FakeClock` is a virtual clock: ``sleep`` returns at once, advances
 time and records the wait, so a test asserts on the schedule of waits
 instead of on elapsed wall time.
+
+:class:`FakeProvider` is a model provider that enforces limits the way the
+real ones do and answers in their shapes (OpenAI, Anthropic, Gemini), with
+scriptable faults; it runs in-process (an ASGI app, on any clock) or as a
+server on 127.0.0.1 (:class:`FakeProviderServer`).  See docs/testing.md.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from rateloop.testing._fake import (
+    FAULTS,
+    FakeLimits,
+    FakeProvider,
+    FakeProviderServer,
+    FakeRequest,
+    FakeResponse,
+    FakeStats,
+    Slow,
+)
 from rateloop.testing.faults import FaultScript
 
-__all__ = ["FakeClock", "FaultScript"]
+__all__ = [
+    "FAULTS",
+    "FakeClock",
+    "FakeLimits",
+    "FakeProvider",
+    "FakeProviderServer",
+    "FakeRequest",
+    "FakeResponse",
+    "FakeStats",
+    "FaultScript",
+    "Slow",
+]
 
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,0 +1,19 @@
+"""The FakeProvider: limits, shapes, faults, the ASGI app and the server (see docs/testing.md)."""
+
+from __future__ import annotations
+
+from rateloop.testing._fake.buckets import FakeLimits
+from rateloop.testing._fake.model import FAULTS, FakeRequest, FakeResponse, FakeStats, Slow
+from rateloop.testing._fake.provider import FakeProvider
+from rateloop.testing._fake.server import FakeProviderServer
+
+__all__ = [
+    "FAULTS",
+    "FakeLimits",
+    "FakeProvider",
+    "FakeProviderServer",
+    "FakeRequest",
+    "FakeResponse",
+    "FakeStats",
+    "Slow",
+]

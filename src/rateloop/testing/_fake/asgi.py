@@ -1,0 +1,189 @@
+"""The FakeProvider as an ASGI app: the providers' HTTP endpoints.
+
+Routes (the shape follows the path, whatever the provider's default profile):
+
+- ``POST /v1/chat/completions`` -- OpenAI (``stream: true`` streams SSE)
+- ``POST /v1/messages`` -- Anthropic (``stream: true`` streams SSE)
+- ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``
+  -- Gemini (also under ``/v1/models/``)
+- ``GET /fake/stats`` -- the counters and the configuration, as JSON
+- ``POST /fake/reset`` -- full buckets and empty counters
+
+Input tokens are estimated as one per four characters of the prompt text (it
+is never stored or echoed); the headers ``x-fake-input-tokens``,
+``x-fake-output-tokens`` and ``x-fake-cache-read-tokens`` set them exactly
+(every SDK lets a test add headers).  A ``reset`` fault raises
+:class:`ConnectionResetError` out of the app: in-process the client sees it,
+and the real server turns it into a dropped connection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rateloop.testing._fake.buckets import Profile
+from rateloop.testing._fake.model import FakeRequest, FakeResponse
+
+if TYPE_CHECKING:
+    from rateloop.testing._fake.provider import FakeProvider
+
+__all__ = ["parse_request", "serve_asgi"]
+
+_GEMINI_PATH = re.compile(r"^/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)$")
+_MAX_BODY = 32 * 1024 * 1024
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside a prompt structure (messages, system, contents, parts)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for k, v in value.items() if k not in ("role", "type") for t in _texts(v)]
+    if isinstance(value, list):
+        return [t for item in value for t in _texts(item)]
+    return []
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"header {name} must be an integer >= 0, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"header {name} must be an integer >= 0, got {raw!r}")
+    return value
+
+
+def parse_request(
+    path: str, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> FakeRequest | None:
+    """The :class:`FakeRequest` an HTTP request describes, or ``None`` for an unknown path."""
+    profile: Profile
+    stream = body.get("stream") is True
+    if path.rstrip("/") in ("/v1/chat/completions", "/chat/completions"):
+        profile = "openai"
+        model = str(body.get("model") or "fake-model")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 256
+        prompt: Any = body.get("messages")
+    elif path.rstrip("/") in ("/v1/messages", "/messages"):
+        profile = "anthropic"
+        model = str(body.get("model") or "fake-model")
+        max_tokens = body.get("max_tokens") or 1024
+        prompt = [body.get("system"), body.get("messages")]
+    elif match := _GEMINI_PATH.match(path):
+        profile = "gemini"
+        model = match.group(1)
+        stream = match.group(2) == "streamGenerateContent"
+        config = body.get("generationConfig") or body.get("generation_config") or {}
+        max_tokens = (config.get("maxOutputTokens") or config.get("max_output_tokens") or 256
+                      if isinstance(config, Mapping) else 256)
+        prompt = [body.get("systemInstruction"), body.get("contents")]
+    else:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+    estimate = math.ceil(sum(len(t) for t in _texts(prompt)) / 4)
+    given = _int_header(headers, "x-fake-input-tokens")
+    return FakeRequest(
+        input_tokens=given if given is not None else estimate,
+        max_tokens=max_tokens,
+        output_tokens=_int_header(headers, "x-fake-output-tokens"),
+        cache_read_tokens=_int_header(headers, "x-fake-cache-read-tokens") or 0,
+        stream=stream,
+        model=model,
+        profile=profile,
+    )
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _MAX_BODY:
+            raise ValueError("request body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send_json(send: Send, status: int, data: Any) -> None:
+    body = json.dumps(data).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_response(send: Send, response: FakeResponse) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+    if not response.chunks:
+        headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": headers})
+    if not response.chunks:
+        await send({"type": "http.response.body", "body": response.content})
+        return
+    for chunk in response.chunks:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def serve_asgi(provider: FakeProvider, scope: Any, receive: Receive, send: Send) -> None:
+    """Serve one ASGI HTTP request (lifespan messages are acknowledged)."""
+    from rateloop.testing._fake.provider import describe
+
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        raise ValueError(f"FakeProvider serves HTTP only, got an ASGI {scope['type']!r} scope")
+    path: str = scope["path"]
+    method: str = scope["method"]
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    raw = await _read_body(receive)
+    if path == "/fake/stats" and method == "GET":
+        await _send_json(send, 200, {**provider.stats.as_dict(), "config": describe(provider)})
+        return
+    if path == "/fake/reset" and method == "POST":
+        provider.reset()
+        await _send_json(send, 200, {"reset": True})
+        return
+    try:
+        body = json.loads(raw) if raw else {}
+        if not isinstance(body, Mapping):
+            raise ValueError("the request body must be a JSON object")
+        request = parse_request(path, headers, body) if method == "POST" else None
+    except ValueError as exc:
+        err = {"message": f"invalid request: {exc}", "type": "invalid_request_error"}
+        await _send_json(send, 400, {"error": err})
+        return
+    if request is None:
+        err = {"message": f"no fake endpoint for {method} {path}", "type": "invalid_request_error",
+               "code": "not_found"}
+        await _send_json(send, 404, {"error": err})
+        return
+    response = await provider.arespond(request)
+    if response.reset:
+        raise ConnectionResetError("the fake provider reset the connection (a scripted fault)")
+    await _send_response(send, response)
