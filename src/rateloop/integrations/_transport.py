@@ -451,7 +451,7 @@ class TransportBase:
         limiter: Any = None,
         loop: RateLoop | AsyncRateLoop | None = None,
         clock: Clock | None = None,
-        sinks: Sequence[EventSink] = (),
+        sinks: Sequence[EventSink] | None = None,
         enabled: bool = True,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         first_byte_timeout: float = 60.0,
