@@ -252,7 +252,7 @@ def test_usage_from_the_body_settles_the_reservation(server: ScriptedProvider) -
     limiter = Limiter.from_url("memory://", clock=clock)
     client = _client(server, clock, limiter=limiter)
     first = _outcome(_call(client).http_response)
-    limiter.set_limits(first.route.scope, LimitSpec(tokens_per_minute=100))
+    limiter.set_limits(first.route.scope, LimitSpec(tokens_per_minute=100, burst=1.0))
     for _ in range(3):
         assert _outcome(_call(client).http_response).status is Status.COMPLETED
     assert clock.monotonic() == 0.0
@@ -265,7 +265,7 @@ def test_a_cost_that_never_fits_is_refused_locally_and_nothing_is_sent(
     limiter = Limiter.from_url("memory://", clock=clock)
     client = _client(server, clock, limiter=limiter)
     scope = _outcome(_call(client).http_response).route.scope
-    limiter.set_limits(scope, LimitSpec(tokens_per_minute=20))
+    limiter.set_limits(scope, LimitSpec(tokens_per_minute=20, burst=1.0))
     # The SDK translates only HTTP errors: our own refusal reaches the caller as itself.
     with pytest.raises(AdmissionRefused) as caught:
         _call(client)

@@ -215,7 +215,7 @@ def test_a_local_admission_refusal_is_its_own_error(server: ScriptedProvider, sd
     clock = FakeClock()
     limiter = Limiter.from_url(
         "memory://", clock=clock, limits={f"{sdk.provider}:{sdk.model}": LimitSpec(
-            tokens_per_minute=5)}
+            tokens_per_minute=5, burst=1.0)}
     )
     with pytest.raises(Exception) as caught:  # which class is the SDK's choice
         sdk.run(server, clock, limiter=limiter)
@@ -245,7 +245,7 @@ def test_success_headers_are_observed_and_usage_settled(
     learned = limiter.limits_for(scope)
     assert learned is not None and learned.requests_per_minute is not None
     # Settlement: 100 tokens a minute; each call reserves ~40 and spends 18.
-    limiter.set_limits(scope, LimitSpec(tokens_per_minute=100))
+    limiter.set_limits(scope, LimitSpec(tokens_per_minute=100, burst=1.0))
     for _ in range(3):
         sdk.run(server, clock, limiter=limiter, sinks=[sink])
     assert "admission_wait" not in sink.decisions
