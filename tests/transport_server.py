@@ -151,6 +151,8 @@ class ScriptedProvider:
         self.script: deque[Step] = deque()
         self.seen: list[Seen] = []
         self.default: Step | None = None
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -255,7 +257,14 @@ class ScriptedProvider:
                     pass
 
             def do_POST(self) -> None:
-                self._serve()
+                with provider._lock:
+                    provider.in_flight += 1
+                    provider.max_in_flight = max(provider.max_in_flight, provider.in_flight)
+                try:
+                    self._serve()
+                finally:
+                    with provider._lock:
+                        provider.in_flight -= 1
 
             def do_GET(self) -> None:
                 self._serve()
