@@ -62,32 +62,44 @@ def _need(module: str, extra: str) -> Any:
         ) from exc
 
 
-def _http_module() -> tuple[Any, Any]:
-    """(the httpx-like module, its rateloop transport module): httpx2 first."""
-    try:
-        import httpx2
+def _http_module(prefer: str | None = None) -> tuple[Any, Any]:
+    """(the httpx-like module, its rateloop transport module): ``prefer``, else httpx2 first."""
+    order = [prefer] if prefer else ["httpx2", "httpx"]
+    for name in order:
+        try:
+            hx = importlib.import_module(name)
+        except ImportError:
+            continue
+        return hx, importlib.import_module(f"rateloop.integrations.{name}")
+    raise ImportError("the ready clients need httpx2 or httpx: pip install 'rateloop[httpx2]'")
 
-        from rateloop.integrations import httpx2 as transports
 
-        return httpx2, transports
-    except ImportError:
-        import httpx
-
-        from rateloop.integrations import httpx as transports_legacy
-
-        return httpx, transports_legacy
+def _sdk_http(sdk: Any, is_async: bool) -> tuple[Any, str | None]:
+    """The SDK's default HTTP client class and the package it builds on (httpx2 or httpx)."""
+    factory = getattr(sdk, "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient", None)
+    if factory is None:
+        return None, None
+    for base in factory.__mro__:
+        package = base.__module__.split(".", 1)[0]
+        if package in ("httpx", "httpx2"):
+            return factory, package
+    return None, None
 
 
 def rateloop_transport(
     *,
     is_async: bool,
+    package: str | None = None,
     policy: Policy | None = None,
     limiter: Any = None,
     loop: RateLoop | AsyncRateLoop | None = None,
     **options: Any,
 ) -> Any:
-    """A RATE-loop transport (httpx2 when installed) over a pooled inner transport."""
-    hx, transports = _http_module()
+    """A RATE-loop transport over a pooled inner transport.
+
+    ``package`` is ``"httpx2"`` or ``"httpx"`` (default: httpx2 when installed).
+    """
+    hx, transports = _http_module(package)
     limits = hx.Limits(**_POOL)
     if is_async:
         return transports.AsyncRateLoopTransport(
@@ -118,11 +130,10 @@ def _split(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
     ours = _split(kwargs)
     sdk = _need(module, module)
-    hx, _ = _http_module()
-    transport = rateloop_transport(is_async=is_async, **ours)
-    default = "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient"
-    factory = getattr(sdk, default, None)
-    if factory is None or (hx.__name__ != "httpx2"):
+    factory, package = _sdk_http(sdk, is_async)
+    hx, _ = _http_module(package)
+    transport = rateloop_transport(is_async=is_async, package=hx.__name__, **ours)
+    if factory is None:
         factory = hx.AsyncClient if is_async else hx.Client
     http_client = factory(transport=transport)
     return getattr(sdk, cls)(max_retries=0, http_client=http_client, **kwargs)
@@ -171,11 +182,14 @@ def genai_client(**kwargs: Any) -> Any:
     if options.httpx_client is not None or options.httpx_async_client is not None:
         raise TypeError("http_options.httpx_client/httpx_async_client are set by genai_client")
     # A loop given by the caller has one flavour; each path gets a performer of its own.
+    package = hx.__name__
     options = options.model_copy(
         update={
-            "httpx_client": hx.Client(transport=rateloop_transport(is_async=False, **ours)),
+            "httpx_client": hx.Client(
+                transport=rateloop_transport(is_async=False, package=package, **ours)
+            ),
             "httpx_async_client": hx.AsyncClient(
-                transport=rateloop_transport(is_async=True, **ours)
+                transport=rateloop_transport(is_async=True, package=package, **ours)
             ),
         }
     )
