@@ -344,3 +344,61 @@ def test_bad_transport_options_are_refused_with_the_allowed_values() -> None:
         rl_httpx2.RateLoopTransport(max_body_bytes=0)
     with pytest.raises(TypeError, match="max_retries= is set by the rateloop client helpers"):
         rateloop.openai_client(api_key="k", max_retries=2)
+
+
+# --- first contact ------------------------------------------------------------------------
+
+LIMIT_HEADERS = {
+    "x-ratelimit-limit-requests": "600",
+    "x-ratelimit-remaining-requests": "599",
+    "x-ratelimit-reset-requests": "100ms",
+}
+
+
+def test_on_an_unknown_scope_the_first_request_goes_alone(server: ScriptedProvider) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.add(Step(200, LIMIT_HEADERS, stall=0.3))
+    server.default = Step(200, LIMIT_HEADERS)
+    client = _client(server, FakeClock())
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda _: _call(client), range(8)))
+    assert len(replies) == 8 and server.count() == 8
+    # Nobody else reached the server while the probe was in flight.
+    assert server.log[:2] == [("start", 0), ("end", 0)]
+
+
+def test_the_async_transport_probes_first_too(server: ScriptedProvider) -> None:
+    import asyncio
+
+    server.add(Step(200, LIMIT_HEADERS, stall=0.3))
+    server.default = Step(200, LIMIT_HEADERS)
+
+    async def main() -> None:
+        client = rateloop.async_openai_client(
+            base_url=server.url + "/v1", api_key="sk-test-key", clock=FakeClock(), timeout=10.0
+        )
+        try:
+            await asyncio.gather(*(
+                client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+                for _ in range(6)
+            ))
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    assert server.count() == 6
+    assert server.log[:2] == [("start", 0), ("end", 0)]
+
+
+def test_a_scope_with_configured_limits_is_not_gated(server: ScriptedProvider) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    server.default = Step(200, stall=0.3)
+    limiter = Limiter.from_url(
+        "memory://", limits={"openai:gpt-4o-mini": LimitSpec(requests_per_minute=6000)}
+    )
+    client = _client(server, FakeClock(), limiter=limiter)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: _call(client), range(4)))
+    assert server.max_in_flight > 1

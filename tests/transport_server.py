@@ -153,6 +153,7 @@ class ScriptedProvider:
         self.default: Step | None = None
         self.in_flight = 0
         self.max_in_flight = 0
+        self.log: list[tuple[str, int]] = []  # ("start" | "end", request number)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -263,11 +264,14 @@ class ScriptedProvider:
                 with provider._lock:
                     provider.in_flight += 1
                     provider.max_in_flight = max(provider.max_in_flight, provider.in_flight)
+                    number = sum(1 for event, _ in provider.log if event == "start")
+                    provider.log.append(("start", number))
                 try:
                     self._serve()
                 finally:
                     with provider._lock:
                         provider.in_flight -= 1
+                        provider.log.append(("end", number))
 
             def do_GET(self) -> None:
                 self._serve()

@@ -6,6 +6,9 @@ request it reads the loop's view of the call (:func:`read_request`: route,
 cost, model call or not), then runs the loop with an *attempt* — a callable
 that sends the request through the inner transport — as the loop's ``fn``:
 
+0. **First contact**: on a scope the limiter knows nothing about, one
+   request goes alone and the others wait for its answer, which teaches
+   the limits (:mod:`rateloop.integrations._probe`).
 1. **Admit**: the loop reserves the cost on the route's scopes before each
    attempt and waits for capacity as the policy allows.
 2. **Attempt**: the inner transport sends the request.  A ``2xx`` event
@@ -51,6 +54,7 @@ from rateloop.integrations._body import (
     envelope_error,
     signal_of_error_text,
 )
+from rateloop.integrations._probe import FirstContact
 from rateloop.integrations._request import RequestPlan, read_request
 from rateloop.loop import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome import Outcome
@@ -124,6 +128,7 @@ class _Settings:
     max_body_bytes: int
     first_byte_timeout: float
     idle_timeout: float
+    probe_timeout: float
 
 
 # --- streams handed to the caller ------------------------------------------------------
@@ -456,12 +461,14 @@ class TransportBase:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         first_byte_timeout: float = 60.0,
         idle_timeout: float = 30.0,
+        probe_timeout: float = 120.0,
     ) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, got {enabled!r}")
         for name, value in (
             ("first_byte_timeout", first_byte_timeout),
             ("idle_timeout", idle_timeout),
+            ("probe_timeout", probe_timeout),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -481,7 +488,9 @@ class TransportBase:
             max_body_bytes=max_body_bytes,
             first_byte_timeout=float(first_byte_timeout),
             idle_timeout=float(idle_timeout),
+            probe_timeout=float(probe_timeout),
         )
+        self.first_contact = FirstContact()
         performer = _AsyncPerformer if self.is_async else _SyncPerformer
         if loop is not None:
             user_classify = loop.classify
@@ -539,7 +548,14 @@ class TransportBase:
         attempt = _SyncAttempt(self, request, plan)
         loop = self.loop
         assert isinstance(loop, RateLoop)
-        outcome = loop.call(attempt, route=plan.route, **self._options(plan))
+        role = self.first_contact.role(plan.route, loop.limiter)
+        if role == "wait":
+            self.first_contact.wait(plan.route, self.settings.probe_timeout)
+        try:
+            outcome = loop.call(attempt, route=plan.route, **self._options(plan))
+        finally:
+            if role == "probe":
+                self.first_contact.finish(plan.route)
         return attempt.finish(outcome)
 
     async def _send_async(self, request: Any) -> Any:
@@ -550,7 +566,14 @@ class TransportBase:
         attempt = _AsyncAttempt(self, request, plan)
         loop = self.loop
         assert isinstance(loop, AsyncRateLoop)
-        outcome = await loop.call(attempt, route=plan.route, **self._options(plan))
+        role = self.first_contact.role(plan.route, loop.limiter)
+        if role == "wait":
+            await self.first_contact.await_probe(plan.route, self.settings.probe_timeout)
+        try:
+            outcome = await loop.call(attempt, route=plan.route, **self._options(plan))
+        finally:
+            if role == "probe":
+                self.first_contact.finish(plan.route)
         return attempt.finish(outcome)
 
     def _options(self, plan: RequestPlan) -> CallOptions:

@@ -12,6 +12,12 @@ Which HTTP client each SDK takes (checked on the installed versions):
 ``HttpOptions(httpx_client=..., httpx_async_client=...)``.  The helpers give
 each SDK an ``httpx2`` client when ``httpx2`` is installed, else ``httpx``.
 
+Without ``limiter=`` (or ``loop=``) each client gets its own limiter from the
+policy (``[admission]``: in memory by default): it learns the provider's
+limits from the ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers of
+every response and paces the calls to them.  Pass one shared
+``Limiter.from_url("redis://...")`` to share capacity across processes.
+
 The SDK's own retries are off (``max_retries=0``; google-genai retries only
 when given ``retry_options``): stacked retries multiply, and the loop owns
 them.  Passing ``max_retries`` or an ``http_client`` yourself is refused with
@@ -23,6 +29,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from rateloop.admission import Limiter
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.policy import Policy
 
@@ -50,6 +57,7 @@ _OURS = (
     "max_body_bytes",
     "first_byte_timeout",
     "idle_timeout",
+    "probe_timeout",
 )
 
 
@@ -120,11 +128,15 @@ def _split(kwargs: dict[str, Any]) -> dict[str, Any]:
                 "and sends through its transport); build the SDK client yourself with "
                 "rateloop.integrations.clients.rateloop_transport() to customise it"
             )
-    return {
-        name: kwargs.pop(name)
-        for name in _OURS
-        if name in kwargs
-    }
+    ours = {name: kwargs.pop(name) for name in _OURS if name in kwargs}
+    if ours.get("limiter") is None and ours.get("loop") is None:
+        # Zero-config admission: a memory limiter (or the policy's backend) that learns the
+        # provider's limits from the headers of every response and paces to them.
+        policy = ours.get("policy")
+        ours["limiter"] = Limiter.from_policy(
+            policy if policy is not None else Policy(), clock=ours.get("clock")
+        )
+    return ours
 
 
 def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
