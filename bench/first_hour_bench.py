@@ -18,6 +18,7 @@ below, which are the code that runs).
 
     python bench/first_hour_bench.py                       # all four
     python bench/first_hour_bench.py --only rateloop --rpm 120 --burst 5
+    python bench/first_hour_bench.py --free-refusals   # refusals cost the client nothing
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def glue_lines(snippet: str) -> int:
     return sum(1 for line in snippet.strip().splitlines() if line.strip() not in plain)
 
 
-def run(name: str, *, calls: int, rpm: int, burst: float, latency: float) -> dict[str, Any]:
+def run(
+    name: str, *, calls: int, rpm: int, burst: float, latency: float, free_refusals: bool
+) -> dict[str, Any]:
     provider = FakeProvider(profile="openai", rpm=rpm, burst_seconds=burst, latency=latency,
-                            model="gpt-4o-mini")
+                            model="gpt-4o-mini", rejected_spends_request=not free_refusals)
     with FakeProviderServer(provider) as server:
         scope: dict[str, Any] = {"URL": server.url + "/v1", "MESSAGES": MESSAGES, "RPM": rpm}
         exec(STRATEGIES[name], scope)
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rpm", type=int, default=120)
     parser.add_argument("--burst", type=float, default=5.0, help="seconds of rpm spendable at once")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per answer")
+    parser.add_argument("--free-refusals", action="store_true",
+                        help="a refused request does not spend a slot (OpenAI's do)")
     parser.add_argument("--only", choices=sorted(STRATEGIES), action="append")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or list(STRATEGIES):
         try:
             row = run(name, calls=args.calls, rpm=args.rpm, burst=args.burst,
-                      latency=args.latency)
+                      latency=args.latency, free_refusals=args.free_refusals)
         except ImportError as exc:
             row = {"strategy": name, "error": f"not installed: {exc}"}
         rows.append(row)

@@ -185,3 +185,31 @@ def test_a_cancelled_task_frees_its_streams_slot(server: ScriptedProvider) -> No
 
     asyncio.run(main())
     _no_admission_wait(sink, clock)
+
+
+def test_cancelling_a_request_in_flight_releases_its_reservation(
+    server: ScriptedProvider,
+) -> None:
+    clock, sink = FakeClock(), RecordingSink()
+    limiter = _one_at_a_time(clock, "gpt-4o-mini")
+    server.add(Step(200, stall=3.0))
+
+    async def main() -> None:
+        client = rateloop.async_openai_client(
+            base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0,
+            limiter=limiter, sinks=[sink],
+        )
+        task = asyncio.create_task(
+            client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+        )
+        while server.count() == 0:  # the request reached the server
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+        await client.close()
+
+    asyncio.run(main())
+    _no_admission_wait(sink, clock)
+    assert server.count() == 2
