@@ -365,7 +365,7 @@ def test_on_an_unknown_scope_the_first_request_goes_alone(server: ScriptedProvid
         replies = list(pool.map(lambda _: _call(client), range(8)))
     assert len(replies) == 8 and server.count() == 8
     # Nobody else reached the server while the probe was in flight.
-    assert server.log[:2] == [("start", 0), ("end", 0)]
+    assert server.log[:2] == [("start", 0), ("answer", 0)]
 
 
 def test_the_async_transport_probes_first_too(server: ScriptedProvider) -> None:
@@ -388,7 +388,7 @@ def test_the_async_transport_probes_first_too(server: ScriptedProvider) -> None:
 
     asyncio.run(main())
     assert server.count() == 6
-    assert server.log[:2] == [("start", 0), ("end", 0)]
+    assert server.log[:2] == [("start", 0), ("answer", 0)]
 
 
 def test_a_scope_with_configured_limits_is_not_gated(server: ScriptedProvider) -> None:

@@ -153,7 +153,8 @@ class ScriptedProvider:
         self.default: Step | None = None
         self.in_flight = 0
         self.max_in_flight = 0
-        self.log: list[tuple[str, int]] = []  # ("start" | "end", request number)
+        # ("start" | "answer" | "end", request number); "answer" precedes the body's bytes.
+        self.log: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -193,6 +194,7 @@ class ScriptedProvider:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            number = 0
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -240,6 +242,8 @@ class ScriptedProvider:
                 self.wfile.flush()
                 if step.stall:
                     time.sleep(step.stall)
+                with provider._lock:  # logged before the client can see the answer
+                    provider.log.append(("answer", self.number))
                 with contextlib.suppress(OSError):
                     self.wfile.write(data)
 
@@ -264,7 +268,7 @@ class ScriptedProvider:
                 with provider._lock:
                     provider.in_flight += 1
                     provider.max_in_flight = max(provider.max_in_flight, provider.in_flight)
-                    number = sum(1 for event, _ in provider.log if event == "start")
+                    number = self.number = sum(1 for e, _ in provider.log if e == "start")
                     provider.log.append(("start", number))
                 try:
                     self._serve()

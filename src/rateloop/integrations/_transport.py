@@ -35,27 +35,30 @@ The sync and async classes differ only in how they send, read and sleep.
 
 from __future__ import annotations
 
-import contextlib
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rateloop._clock import Clock
 from rateloop._effects import Effect, LimiterCall
 from rateloop.classify import classify_exception
-from rateloop.errors import RateLimitExhausted, RateloopError
+from rateloop.errors import RateLimitExhausted
 from rateloop.events import EventSink
 from rateloop.integrations._body import (
     DEFAULT_MAX_BODY_BYTES,
     BodyBudget,
     BodyTooLarge,
-    SSEWatch,
     envelope_error,
     signal_of_error_text,
 )
 from rateloop.integrations._probe import FirstContact
 from rateloop.integrations._request import RequestPlan, read_request
+from rateloop.integrations._stream import (
+    AsyncStreamBody,
+    StreamHold,
+    StreamInterrupted,
+    SyncStreamBody,
+)
 from rateloop.loop import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome import Outcome
 from rateloop.policy import Policy
@@ -65,7 +68,9 @@ from rateloop.signal import LimitSignal
 __all__ = [
     "OUTCOME_KEY",
     "AdmissionRefused",
+    "AsyncStreamBody",
     "StreamInterrupted",
+    "SyncStreamBody",
     "TransportBase",
     "admission_refusal",
 ]
@@ -98,21 +103,6 @@ def admission_refusal(error: BaseException | None) -> AdmissionRefused | None:
     return None
 
 
-class StreamInterrupted(RateloopError):
-    """A stream already handed to the caller failed mid-way (an error event in a 200 stream).
-
-    ``signal`` is the classified error (``overload`` for Anthropic's
-    ``overloaded_error``).  The request is never replayed once bytes reached
-    the caller: retrying is the caller's decision.
-    """
-
-    def __init__(self, signal: LimitSignal, *, route: Route | None = None) -> None:
-        self.signal = signal
-        self.route = route
-        where = f" on {route.scope}" if route is not None else ""
-        super().__init__(f"the stream failed mid-way{where}: {signal.kind.value}")
-
-
 class _EnvelopeFailure(Exception):
     """A 200 response whose JSON body is an error: a refusal for the loop."""
 
@@ -130,124 +120,6 @@ class _Settings:
     idle_timeout: float
     probe_timeout: float
 
-
-# --- streams handed to the caller ------------------------------------------------------
-
-
-class _StreamHold:
-    """A stream's reservation, from the loop's settle until the stream ends."""
-
-    __slots__ = ("__weakref__", "box", "completed", "route", "watch")
-
-    def __init__(self, route: Route) -> None:
-        self.route = route
-        self.watch = SSEWatch()
-        self.box: list[Any] = [None]  # the reservation; shared with the abandonment finalizer
-        self.completed = False
-
-    def hold(self, reservation: Any) -> None:
-        self.box[0] = reservation
-
-    def _take(self) -> tuple[Any, tuple[int, int] | None]:
-        reservation, self.box[0] = self.box[0], None
-        if reservation is None or self.watch.error is not None:
-            return reservation, None
-        usage = self.watch.usage()
-        if usage is None and self.completed:
-            usage = (reservation.cost.input_tokens, reservation.cost.output_tokens)
-        return reservation, usage
-
-    def finish(self) -> None:
-        reservation, usage = self._take()
-        if reservation is not None:
-            if usage is None:
-                reservation.release()
-            else:
-                reservation.settle(*usage)
-
-    async def afinish(self) -> None:
-        reservation, usage = self._take()
-        if reservation is not None:
-            if usage is None:
-                await reservation.arelease()
-            else:
-                await reservation.asettle(*usage)
-
-    def check(self, chunk: bytes) -> bytes:
-        """The part of ``chunk`` to pass on; raises once an error event is complete."""
-        if self.watch.error is not None:
-            raise StreamInterrupted(self.watch.error, route=self.route)
-        return chunk[: self.watch.feed(chunk)]
-
-    @property
-    def failed(self) -> bool:
-        return self.watch.error is not None
-
-
-def _release_abandoned(box: list[Any]) -> None:
-    """Finalizer of a stream dropped without closing: give its capacity back."""
-    reservation, box[0] = box[0], None
-    if reservation is not None:
-        # An async-only backend cannot be reached from a finalizer: its lease expires instead.
-        with contextlib.suppress(Exception):
-            reservation.release()
-
-
-class SyncStreamBody:
-    """The body of a sync stream handed to the caller (mixed into the module's SyncByteStream)."""
-
-    def __init__(self, inner: Any, hold: _StreamHold) -> None:
-        self._inner = inner
-        self._hold = hold
-        weakref.finalize(self, _release_abandoned, hold.box)
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            for chunk in self._inner:
-                passed = self._hold.check(chunk)
-                if passed:
-                    yield passed
-                if self._hold.failed:
-                    self._hold.check(b"")  # the error, after the bytes that came before it
-            self._hold.completed = True
-        finally:
-            self._hold.finish()
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            self._hold.finish()
-
-
-class AsyncStreamBody:
-    """The body of an async stream handed to the caller; see :class:`SyncStreamBody`."""
-
-    def __init__(self, inner: Any, hold: _StreamHold) -> None:
-        self._inner = inner
-        self._hold = hold
-        weakref.finalize(self, _release_abandoned, hold.box)
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                passed = self._hold.check(chunk)
-                if passed:
-                    yield passed
-                if self._hold.failed:
-                    self._hold.check(b"")  # the error, after the bytes that came before it
-            self._hold.completed = True
-        finally:
-            # Also on task cancellation: the capacity goes back before the cancel goes on.
-            await self._hold.afinish()
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            await self._hold.afinish()
-
-
 # --- one request through the loop ------------------------------------------------------
 
 
@@ -260,7 +132,7 @@ class _Attempt:
         self.plan = plan
         self.last_response: Any = None
         self.last_error: BaseException | None = None
-        self.stream: _StreamHold | None = None
+        self.stream: StreamHold | None = None
 
     def sent(self, response: Any) -> bool:
         """Record a response with its headers; True when its body is a stream to hand over."""
@@ -356,7 +228,7 @@ class _SyncAttempt(_Attempt):
             self.failed(exc)
             raise
         if self.sent(response):
-            hold = self.stream = _StreamHold(route)
+            hold = self.stream = StreamHold(route)
             response.stream = owner.sync_stream(response.stream, hold)
             return response
         budget = self.budget()
@@ -382,7 +254,7 @@ class _AsyncAttempt(_Attempt):
             self.failed(exc)
             raise
         if self.sent(response):
-            hold = self.stream = _StreamHold(route)
+            hold = self.stream = StreamHold(route)
             response.stream = owner.async_stream(response.stream, hold)
             return response
         budget = self.budget()
@@ -406,7 +278,7 @@ class _AsyncAttempt(_Attempt):
 # --- the loop performers ---------------------------------------------------------------
 
 
-def _keeps_stream(effect: Effect, fn: object) -> _StreamHold | None:
+def _keeps_stream(effect: Effect, fn: object) -> StreamHold | None:
     """The stream that takes this settle effect's reservation, if there is one."""
     if isinstance(effect, LimiterCall) and effect.method == "settle" and isinstance(fn, _Attempt):
         return fn.stream
