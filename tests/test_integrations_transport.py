@@ -402,3 +402,26 @@ def test_a_scope_with_configured_limits_is_not_gated(server: ScriptedProvider) -
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda _: _call(client), range(4)))
     assert server.max_in_flight > 1
+
+
+def test_the_body_deadline_does_not_shorten_the_next_attempts_wait_for_headers(
+    server: ScriptedProvider,
+) -> None:
+    seen: list[object] = []
+    transport = rl_httpx2.RateLoopTransport(clock=FakeClock(), first_byte_timeout=0.5)
+    inner = transport.inner
+
+    class Spy:  # records the read timeout each attempt is sent with
+        def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+            seen.append(request.extensions["timeout"]["read"])
+            return inner.handle_request(request)
+
+        def close(self) -> None:
+            inner.close()
+
+    transport.inner = Spy()
+    server.add(Step(503))
+    client = httpx2.Client(transport=transport, base_url=server.url, timeout=30.0)
+    _OPEN.append(client)
+    assert client.post("/v1/chat/completions", json={"model": "m"}).status_code == 200
+    assert seen == [30.0, 30.0]

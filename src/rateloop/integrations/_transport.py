@@ -133,6 +133,12 @@ class _Attempt:
         self.last_response: Any = None
         self.last_error: BaseException | None = None
         self.stream: StreamHold | None = None
+        # The client's own timeouts: each attempt starts from them (limit_reads narrows a copy).
+        self._timeouts = request.extensions.get("timeout")
+
+    def restore_timeouts(self) -> None:
+        if self._timeouts is not None:
+            self.request.extensions["timeout"] = self._timeouts
 
     def sent(self, response: Any) -> bool:
         """Record a response with its headers; True when its body is a stream to hand over."""
@@ -222,6 +228,7 @@ class _Attempt:
 class _SyncAttempt(_Attempt):
     def __call__(self, route: Route) -> Any:
         owner = self.owner
+        self.restore_timeouts()
         try:
             response = owner.inner.handle_request(self.request)
         except Exception as exc:
@@ -248,6 +255,7 @@ class _AsyncAttempt(_Attempt):
         import anyio
 
         owner = self.owner
+        self.restore_timeouts()
         try:
             response = await owner.inner.handle_async_request(self.request)
         except Exception as exc:
