@@ -202,3 +202,15 @@ def test_check_rejects_a_bad_port_without_crashing(runner: CliRunner, tmp_path: 
     assert result.exit_code == 1
     assert "admission.backend" in result.output and "a port from 1 to 65535" in result.output
     assert "s3cretpw" not in result.output
+
+
+def test_schedule_says_when_the_pause_limit_caps_the_waits(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("pause_limit_secs = 10\n")
+    result = runner.invoke(app, ["config", "schedule", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "waits above the pause limit (10 s) are capped at it." in result.output
+    default = runner.invoke(app, ["config", "schedule"])
+    assert "capped at it" not in default.output

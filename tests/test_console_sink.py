@@ -7,6 +7,7 @@ import heapq
 import io
 import itertools
 import sys
+import threading
 from typing import Any
 
 import httpx
@@ -85,6 +86,67 @@ def test_fifty_concurrent_throttled_calls_print_a_handful_of_lines() -> None:
     )
 
 
+class ThreadedVirtualClock(FakeClock):
+    """Virtual time for threads: it jumps to the next wake-up once every thread sleeps."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self._cond = threading.Condition()
+        self._running = threads
+        self._wakers: list[tuple[float, int]] = []
+        self._woken: set[int] = set()
+        self._seq = itertools.count()
+
+    def sleep(self, seconds: float) -> None:
+        with self._cond:
+            self.sleeps.append(seconds)
+            me = next(self._seq)
+            heapq.heappush(self._wakers, (self.monotonic() + max(seconds, 0.0), me))
+            self._running -= 1
+            self._advance()
+            if not self._cond.wait_for(lambda: me in self._woken, timeout=30):
+                raise TimeoutError("virtual clock stalled")
+            self._running += 1
+
+    def done(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._advance()
+
+    def _advance(self) -> None:
+        if self._running == 0 and self._wakers:
+            when, who = heapq.heappop(self._wakers)
+            self.advance(max(0.0, when - self.monotonic()))
+            self._woken.add(who)
+            self._cond.notify_all()
+
+
+def test_fifty_concurrent_threads_print_a_handful_of_lines_too() -> None:
+    clock = ThreadedVirtualClock(threads=50)
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, summary_every=10)
+    loop = RateLoop(Policy(), clock=clock, sinks=[sink], rng=lambda: 0.5)
+    outcomes: list[Outcome] = []
+
+    def one() -> None:
+        try:
+            outcomes.append(loop.call(FaultScript([throttle("20"), "ok"]), route=A))
+        finally:
+            clock.done()
+
+    threads = [threading.Thread(target=one) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    sink.flush()
+    assert len(outcomes) == 50 and all(o.status is Status.COMPLETED for o in outcomes)
+    lines = out.getvalue().splitlines()
+    assert 3 <= len(lines) <= 8, lines
+    assert lines[0] == "rateloop: openai:gpt-5 paused 21s (temporary 429)"
+    assert any("resumed after 21s (50 calls waited)" in line for line in lines)
+
+
 def event(decision: str, scope: str = "openai:gpt-5", **kw: Any) -> CapacityEvent:
     provider, model = scope.split(":")[:2]
     return CapacityEvent(
@@ -153,3 +215,30 @@ def test_on_by_default_only_when_stderr_is_a_terminal(
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="summary_every"):
         ConsoleSink(summary_every=-1)
+
+
+def test_the_summary_shows_headroom_when_told_how() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, headroom=lambda: "openai:gpt-5 42 rpm")
+    sink.call_started("openai:gpt-5")
+    sink.flush()
+    assert out.getvalue().rstrip().endswith("paused: none; headroom: openai:gpt-5 42 rpm")
+    with pytest.raises(ValueError, match="headroom"):
+        ConsoleSink(headroom="lots")  # type: ignore[arg-type]
+
+
+def test_many_scopes_at_once_are_capped_and_counted() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    sink = ConsoleSink(out, clock=clock, max_lines=5, summary_every=60)
+    for tenant in range(50):  # fifty tenant scopes throttled in the same instant
+        sink(event("wait", scope=f"openai:gpt-5:proj:t{tenant}", wait_seconds=20.0,
+                   retry_after_seconds=20.0, signal_kind="temporary", http_status=429))
+    sink.flush()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 6  # five pause lines and the summary
+    assert lines[-1].endswith("paused: openai:gpt-5:proj:t0, openai:gpt-5:proj:t1, "
+                              "openai:gpt-5:proj:t10 and 47 more (45 lines held back)")
+    with pytest.raises(ValueError, match="max_lines"):
+        ConsoleSink(max_lines=0)

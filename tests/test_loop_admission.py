@@ -270,3 +270,29 @@ def test_gemini_usage_settles_the_reservation(clock: FakeClock) -> None:
     for _ in range(3):
         assert loop.call(FaultScript([gemini]), route=ROUTE, cost=Cost(output_tokens=800)).ok
     assert clock.sleeps == []  # 800 reserved, 50 used: the refunds keep every call immediate
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_an_admission_wait_that_cannot_fit_falls_back_at_once(
+    clock: FakeClock, twin: str
+) -> None:
+    backup = Route(provider="anthropic", model="claude")
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1)}, clock=clock)
+    fn = FaultScript({"gpt-5": [ok()], "claude": ["from the backup"]})
+    if twin == "sync":
+        loop = RateLoop(policy(), limiter=limiter, clock=clock, sinks=[])
+        first = loop.call(fn, route=ROUTE, fallbacks=[backup])
+        out = loop.call(fn, route=ROUTE, fallbacks=[backup], deadline=10)
+    else:
+        aloop = AsyncRateLoop(policy(), limiter=limiter, clock=clock, sinks=[])
+
+        async def both() -> Any:
+            one = await aloop.call(fn, route=ROUTE, fallbacks=[backup])
+            return one, await aloop.call(fn, route=ROUTE, fallbacks=[backup], deadline=10)
+
+        first, out = asyncio.run(both())
+    assert first.status is Status.COMPLETED
+    # The primary's bucket refills in 60 s, past the 10 s deadline: the backup serves now.
+    assert out.status is Status.DEGRADED and out.value == "from the backup"
+    assert fn.models == ["gpt-5", "claude"] and clock.sleeps == []
+    assert [e.decision for e in out.events][:1] == ["fallback"]

@@ -50,6 +50,7 @@ class Refused(Exception):
     deadline=st.none() | st.floats(min_value=0, max_value=400),
     per_route=st.none() | st.integers(min_value=1, max_value=4),
     scope=st.sampled_from(["rate-limit", "transient", "all"]),
+    pause=st.floats(min_value=1, max_value=120),
 )
 def test_loop_never_exceeds_attempts_wait_budget_or_deadline(
     script: list[tuple[LimitSignal, float]],
@@ -59,6 +60,7 @@ def test_loop_never_exceeds_attempts_wait_budget_or_deadline(
     deadline: float | None,
     per_route: int | None,
     scope: str,
+    pause: float,
 ) -> None:
     policy = Policy.from_dict(
         {
@@ -67,6 +69,7 @@ def test_loop_never_exceeds_attempts_wait_budget_or_deadline(
             "max_wait_secs": max_wait,
             "attempts_per_route": None if per_route is None else min(per_route, max_attempts),
             "trigger_scope": scope,
+            "pause_limit_secs": pause,
             "backoff": {"initial_delay_secs": 1, "max_delay_secs": 60},
         }
     )
@@ -88,7 +91,7 @@ def test_loop_never_exceeds_attempts_wait_budget_or_deadline(
         assert isinstance(exc, Refused)
         return exc.signal
 
-    loop = RateLoop(policy, clock=clock, classify=classify, rng=lambda: 0.999)
+    loop = RateLoop(policy, clock=clock, classify=classify, rng=lambda: 0.999, sinks=[])
     outcome = loop.call(fn, route=ROUTES[0], fallbacks=ROUTES[1:], deadline=deadline)
 
     if not calls:
@@ -99,6 +102,8 @@ def test_loop_never_exceeds_attempts_wait_budget_or_deadline(
     assert 1 <= len(calls) <= max_attempts
     assert outcome.attempts.loop == len(calls)
     eps = 1e-6
+    assert all(s <= pause + eps for s in clock.sleeps)  # the pause limit bounds every sleep
+    assert outcome.waited_secs == sum(clock.sleeps)
     for end in clock.sleep_ends:
         if max_wait is not None:
             assert end <= max_wait + eps

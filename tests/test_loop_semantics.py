@@ -126,6 +126,23 @@ def test_default_policy_moves_to_the_fallback_after_a_bounded_number_of_attempts
     assert fn.models == ["a"] * 5 + ["b"]  # one try and 4 retries per route (crab'd's default)
 
 
+def test_a_small_budget_still_reaches_the_fallback_and_the_last_route_keeps_the_rest(
+    run: Runner,
+) -> None:
+    c = Route(provider="mistral", model="c")
+    fn = FaultScript([throttle()])
+    out = run(fn, route=A, fallbacks=[B, c], policy=policy(max_attempts=8))
+    assert out.status is Status.FAILED_RETRY_EXHAUSTED
+    assert fn.models == ["a"] * 3 + ["b"] * 3 + ["c"] * 2  # ceil(8 / 3) per route, the rest last
+
+
+def test_the_default_bound_never_gives_up_early_when_no_fallback_is_eligible(run: Runner) -> None:
+    fn = FaultScript([throttle()])
+    out = run(fn, route=A, fallbacks=[B], data_class="pii", policy=policy(max_attempts=8))
+    assert out.status is Status.FAILED_RETRY_EXHAUSTED
+    assert fn.models == ["a"] * 8  # b is skipped (no 'pii' tag): a keeps every attempt
+
+
 def test_a_lone_route_still_gets_every_attempt(run: Runner) -> None:
     fn = FaultScript([throttle()])
     out = run(fn, route=A, policy=policy(max_attempts=8))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from rateloop._redact import redact, redact_url
 from rateloop.admission import Limiter
@@ -63,3 +65,25 @@ def test_errors_redact_what_they_are_given() -> None:
     assert "s3cret" not in str(err) and "s3cret" not in str(err.value)
     outcome = Outcome(status=Status.REJECTED, reason="refused by redis://u:s3cret@h/0")
     assert "s3cret" not in str(RateLimitExhausted(outcome))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    password=st.text(
+        alphabet=st.characters(whitelist_categories=("Lu", "Ll", "Nd"), max_codepoint=127),
+        min_size=6,
+        max_size=30,
+    ),
+    form=st.sampled_from(
+        [
+            "redis://user:{p}@127.0.0.1:6379/0",
+            "redis://:{p}@127.0.0.1:6379/0",
+            "rediss://127.0.0.1:6379/0?password={p}",
+            "redis://127.0.0.1:6379/0?db=1&password={p}",
+            "text before redis://u:{p}@h/0 and after",
+        ]
+    ),
+)
+def test_no_url_password_survives(password: str, form: str) -> None:
+    assume(password not in form.replace("{p}", "***"))  # not a word of the URL itself
+    assert password not in redact(form.format(p=password))

@@ -34,7 +34,7 @@ from rateloop.classify import (
 )
 from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
-from rateloop.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
+from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, LoggingSink, RecordingSink
 from rateloop.integrations.clients import (
     anthropic_client,
     async_anthropic_client,
@@ -73,6 +73,7 @@ __all__ = [
     "CapacityEvent",
     "Clock",
     "ConfigError",
+    "ConsoleSink",
     "Cost",
     "Decision",
     "DecisionKind",

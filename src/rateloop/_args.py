@@ -8,7 +8,7 @@ that works instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict
@@ -95,7 +95,7 @@ def check_policy(policy: object) -> Policy:
     raise TypeError(f"policy must be a rateloop.Policy or None, got {_name(policy)} {policy!r}")
 
 
-def check_limiter(limiter: object) -> Any:
+def check_limiter(limiter: object, *, is_async: bool = False) -> Any:
     if limiter is None:
         return None
     if isinstance(limiter, str):
@@ -104,7 +104,9 @@ def check_limiter(limiter: object) -> Any:
             f"build one: RateLoop(policy, limiter=Limiter.from_url({limiter!r})) "
             "or limiter=Limiter.from_policy(policy)"
         )
-    missing = [m for m in LIMITER_METHODS if not callable(getattr(limiter, m, None))]
+    # Each twin needs only its own half of the contract (a test double may have one).
+    needed = [m for m in LIMITER_METHODS if m.startswith("a") == is_async]
+    missing = [m for m in needed if not callable(getattr(limiter, m, None))]
     if missing:
         raise TypeError(
             f"limiter must be a rateloop.Limiter (or have its methods {', '.join(missing)}), "
@@ -114,7 +116,7 @@ def check_limiter(limiter: object) -> Any:
 
 
 def check_sinks(sinks: object) -> tuple[Callable[..., None], ...]:
-    if isinstance(sinks, str | bytes) or not isinstance(sinks, Sequence | set | frozenset):
+    if isinstance(sinks, str | bytes) or not isinstance(sinks, Iterable) or callable(sinks):
         if callable(sinks):
             raise TypeError(
                 f"sinks takes a list of sinks, got one {_name(sinks)}; "
@@ -130,11 +132,12 @@ def check_sinks(sinks: object) -> tuple[Callable[..., None], ...]:
     return out
 
 
-def check_clock(clock: object) -> None:
-    missing = [m for m in ("monotonic", "now", "sleep", "asleep") if not hasattr(clock, m)]
+def check_clock(clock: object, *, is_async: bool = False) -> None:
+    needed = ("monotonic", "now", "asleep" if is_async else "sleep")
+    missing = [m for m in needed if not callable(getattr(clock, m, None))]
     if missing:
         raise TypeError(
-            f"clock must have monotonic(), now(), sleep() and asleep() (missing "
+            f"clock must have {', '.join(m + '()' for m in needed)} (missing "
             f"{', '.join(missing)}), got {_name(clock)}; use rateloop.testing.FakeClock in tests"
         )
 

@@ -13,12 +13,16 @@ outcome), keeps counters, and prints only:
   success**;
 - a **summary** line at most every ``summary_every`` seconds while there
   is activity: calls in flight, waiting, done, degraded, rejected, failed,
-  and the scopes paused now.
+  the scopes paused now, and the headroom when a ``headroom`` function is
+  given (e.g. one reading the limiter's state; events alone do not carry it).
 
 It never floods: every line but the summary has a topic (its kind and
 scope), and a topic prints at most once per ``repeat_secs``; what it holds
-back is counted and shown on the topic's next line ("+12 more").  Fifty
-calls refused together therefore print a handful of lines, not hundreds.
+back is counted and shown on the topic's next line ("+12 more").  On top,
+at most ``max_lines`` topic lines are printed per ``repeat_secs`` window
+whatever the number of scopes (fifty tenants refused at once); the rest is
+counted on the next summary.  Fifty calls refused together therefore print
+a handful of lines, not hundreds.
 There is no thread: lines are printed from the calls' own events, with the
 time read from the injected clock.  Like every event, the lines carry no
 prompt, argument or key.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
@@ -62,6 +67,8 @@ class ConsoleSink:
         summary_every: float = 10.0,
         long_wait_secs: float = 5.0,
         repeat_secs: float = 10.0,
+        max_lines: int = 10,
+        headroom: Callable[[], str | None] | None = None,
     ) -> None:
         for name, value in (
             ("summary_every", summary_every),
@@ -70,6 +77,16 @@ class ConsoleSink:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"ConsoleSink {name} must be a number >= 0, got {value!r}")
+        if headroom is not None and not callable(headroom):
+            raise ValueError(
+                f"ConsoleSink headroom must be a callable returning text, got {headroom!r}"
+            )
+        if isinstance(max_lines, bool) or not isinstance(max_lines, int) or max_lines < 1:
+            raise ValueError(f"ConsoleSink max_lines must be an int >= 1, got {max_lines!r}")
+        self.max_lines = max_lines
+        self._window: tuple[float, int] = (float("-inf"), 0)  # (start, lines printed in it)
+        self._held_back = 0
+        self._headroom = headroom
         self._stream = stream
         self._clock = clock if clock is not None else system_clock
         self.summary_every = float(summary_every)
@@ -155,6 +172,15 @@ class ConsoleSink:
         if state is not None and now - state.last_printed < self.repeat_secs:
             state.held += 1
             return
+        start, count = self._window
+        if now - start >= self.repeat_secs:
+            start, count = now, 0
+        if count >= self.max_lines:  # many scopes at once: the summary will count them
+            self._held_back += 1
+            if state is not None:
+                state.held += 1
+            return
+        self._window = (start, count + 1)
         held = state.held if state is not None else 0
         self._topics[topic] = _Topic(last_printed=now)
         self._print(text + (f" (+{held} more like it)" if held else ""))
@@ -188,11 +214,18 @@ class ConsoleSink:
         self._activity = False
         self._waits = [t for t in self._waits if t > now]
         in_flight = self._started - self._finished
-        paused = ", ".join(sorted(self._paused)) or "none"
+        scopes = sorted(self._paused)
+        paused = ", ".join(scopes[:3]) or "none"
+        if len(scopes) > 3:
+            paused += f" and {len(scopes) - 3} more"
+        headroom = self._headroom() if self._headroom is not None else None
+        held, self._held_back = self._held_back, 0
         self._print(
             f"{in_flight} in flight, {len(self._waits)} waiting, {self._done} done "
             f"({self._degraded} degraded), {self._rejected} rejected, {self._failed} failed; "
             f"paused: {paused}"
+            + (f"; headroom: {headroom}" if headroom else "")
+            + (f" ({held} lines held back)" if held else "")
         )
 
     def __repr__(self) -> str:

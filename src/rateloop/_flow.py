@@ -47,7 +47,7 @@ from rateloop._effects import (
 from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
-from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide
+from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide, fall_back_now
 from rateloop.errors import LimitsWarning, RateLimitExhausted, SdkRetriesWarning
 from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, EventSink, signal_fields
 from rateloop.fallback import build_chain
@@ -70,13 +70,13 @@ Classifier = Callable[[BaseException], LimitSignal]
 _NOT_CAPACITY = frozenset({Kind.INVALID, Kind.PERMISSION})
 
 
-def _default_sinks() -> tuple[EventSink, ...]:
+def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
     """A person at a terminal sees progress; a library's non-interactive use prints nothing."""
     try:
         tty = sys.stderr is not None and sys.stderr.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stderr
         tty = False
-    return (ConsoleSink(),) if tty else ()
+    return (ConsoleSink(clock=clock),) if tty else ()
 
 
 # --- the base -------------------------------------------------------------
@@ -84,6 +84,8 @@ def _default_sinks() -> tuple[EventSink, ...]:
 
 class _BaseRateLoop:
     """Configuration and the algorithm shared by both drivers."""
+
+    _is_async = False  # which half of the limiter contract the driver calls
 
     def __init__(
         self,
@@ -98,11 +100,11 @@ class _BaseRateLoop:
         rng: Callable[[], float] | None = None,
     ) -> None:
         self.policy = check_policy(policy)
-        self.limiter = check_limiter(limiter)
+        self.limiter = check_limiter(limiter, is_async=self._is_async)
         if clock is not None:
-            check_clock(clock)
+            check_clock(clock, is_async=self._is_async)
         self.clock = clock if clock is not None else system_clock
-        self.sinks = _default_sinks() if sinks is None else check_sinks(sinks)
+        self.sinks = _default_sinks(self.clock) if sinks is None else check_sinks(sinks)
         check_classify(classify)
         self.classify = classify
         check_run(run_budget, run_id)
@@ -266,12 +268,25 @@ class _BaseRateLoop:
                     if retry_after > policy.pause_limit_secs or (
                         time_left is not None and retry_after >= time_left
                     ):
-                        retry_at = clock.now() + timedelta(seconds=retry_after)
+                        why = (
+                            f"no capacity on {route.scope} before the deadline, the budget "
+                            f"or the pause limit ({granted.reason})"
+                        )
+                        # Like a server minimum that cannot fit: a fallback may serve now.
+                        moved = fall_back_now(state, policy, why)
+                        skips = moved.skipped if isinstance(moved, FallBack) else moved
+                        for skipped, skip_why in skips:
+                            emit(DecisionKind.SKIP, route=skipped, reason=skip_why)
+                        if isinstance(moved, FallBack):
+                            if state.limited_route is None:
+                                state.limited_route, state.limited_kind = route, Kind.TEMPORARY
+                            state.index, state.route_attempts = moved.index, 0
+                            emit(DecisionKind.FALLBACK, route=moved.route, reason=moved.reason)
+                            break
                         return finish(
                             Status.WAITING_FOR_CAPACITY,
-                            f"no capacity on {route.scope} before the deadline or budget "
-                            f"({granted.reason})",
-                            retry_at=retry_at,
+                            why,
+                            retry_at=clock.now() + timedelta(seconds=retry_after),
                         )
                     yield wait_for(
                         retry_after,
@@ -279,6 +294,8 @@ class _BaseRateLoop:
                         route,
                         f"waiting for capacity on {granted.scope}",
                     )
+                if reservation is None:  # moved to a fallback: admit on it from the top
+                    continue
 
             # Attempt.
             if not budget.record_attempt():  # another call of the run took the last one

@@ -181,7 +181,15 @@ def schedule(
         else f"within the recovery budget of {_fmt(budget)} s"
     )
     typer.echo(f"longest total wait over {retries} retries: {_fmt(worst)} s, {verdict}")
+    limit = policy.pause_limit_secs
+    if worst_single(backoff, retries) > limit:
+        typer.echo(f"waits above the pause limit ({_fmt(limit)} s) are capped at it.")
     typer.echo(
         "a server minimum m (Retry-After) is a floor: max(wait, m) + U(0, wait/2); "
-        f"an m above the pause limit ({_fmt(policy.pause_limit_secs)} s) stops instead."
+        f"an m above the pause limit ({_fmt(limit)} s) falls back at once, or stops."
     )
+
+
+def worst_single(backoff: Backoff, retries: int) -> float:
+    """The longest single wait the backoff may draw over ``retries`` retries."""
+    return max((backoff.bounds(n)[1] for n in range(1, retries + 1)), default=0.0)

@@ -28,9 +28,10 @@ The rules, in order:
 4. A kind inside the scope is retried while the attempt budget lasts
    (attempts as the provider saw them: SDK retries count): on the same
    route while it has attempts left, else on the next eligible route.  A
-   route's attempts are ``attempts_per_route``; unset, a chain with
-   fallbacks gives each route :data:`DEFAULT_ATTEMPTS_PER_ROUTE` and a lone
-   route gets all of ``max_attempts``.
+   route's attempts are ``attempts_per_route``; unset, each route of a chain
+   but the last gets :func:`default_attempts_per_route` (5, fewer when
+   ``max_attempts`` is small, and only while an eligible route follows), and
+   the last route, or a lone one, every attempt left.
 5. A server minimum (Retry-After, reset header) is a floor on a same-route
    wait.  When it does not fit the pause limit, the recovery budget or the
    deadline, the call moves at once (no wait) to the next eligible route;
@@ -50,6 +51,7 @@ The rules, in order:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -72,6 +74,8 @@ __all__ = [
     "Stop",
     "Wait",
     "decide",
+    "default_attempts_per_route",
+    "fall_back_now",
     "in_trigger_scope",
 ]
 
@@ -233,34 +237,58 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
         return _exhausted(state, signal, f"all {state.budget.attempts} attempts used")
 
     per_route = policy.attempts_per_route
-    if per_route is None and len(state.chain) > 1:
-        per_route = DEFAULT_ATTEMPTS_PER_ROUTE
-    if per_route is None or state.route_attempts < per_route:
-        step = _wait_same_route(state, signal, policy, now)
-        if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
-            return step
-        # The primary's own wait cannot fit: a healthy fallback may still serve the call now.
+    explicit = per_route is not None
+    if not explicit and state.index < len(state.chain) - 1:
+        per_route = default_attempts_per_route(policy.max_attempts, len(state.chain))
+    if per_route is not None and state.route_attempts >= per_route:
         found = _next_route(state, policy, exclude_providers=state.spent_providers)
         if isinstance(found, FallBack):
-            reason = f"{step.reason}; falling back to {found.route.scope} at once"
-            return FallBack(found.route, 0.0, reason, found.index, found.skipped)
-        return Stop(
-            step.status,
-            step.reason,
-            retry_at=step.retry_at,
-            retry_in=step.retry_in,
-            skipped=found,
-        )
+            return _fit_fallback(state, policy, now, found, signal)
+        if explicit:
+            return _exhausted(
+                state,
+                signal,
+                f"every route of the chain was tried ({len(state.chain)} routes)",
+                skipped=found,
+            )
+        # The default bound only moves a call on; with nowhere to go it keeps retrying here.
 
-    found = _next_route(state, policy, exclude_providers=state.spent_providers)
-    if isinstance(found, FallBack):
-        return _fit_fallback(state, policy, now, found, signal)
-    return _exhausted(
-        state,
-        signal,
-        f"every route of the chain was tried ({len(state.chain)} routes)",
-        skipped=found,
+    step = _wait_same_route(state, signal, policy, now)
+    if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
+        return step
+    # This route's own wait cannot fit: a healthy fallback may still serve the call now.
+    moved = fall_back_now(state, policy, step.reason)
+    if isinstance(moved, FallBack):
+        return moved
+    return Stop(
+        step.status, step.reason, retry_at=step.retry_at, retry_in=step.retry_in, skipped=moved
     )
+
+
+def default_attempts_per_route(max_attempts: int, routes: int) -> int:
+    """Attempts a route gets before the next when ``attempts_per_route`` is unset.
+
+    :data:`DEFAULT_ATTEMPTS_PER_ROUTE`, but never so many that ``max_attempts``
+    runs out before every route of the chain had a turn.  The last route of a
+    chain is not bounded by it: there is nowhere left to move on to.
+
+    >>> default_attempts_per_route(20, 2), default_attempts_per_route(6, 3)
+    (5, 2)
+    """
+    return max(1, min(DEFAULT_ATTEMPTS_PER_ROUTE, math.ceil(max_attempts / routes)))
+
+
+def fall_back_now(state: LoopState, policy: Policy, why: str) -> FallBack | Skips:
+    """The next eligible route to move to at once (no wait) because ``why``, or the skips.
+
+    Used when the current route's own wait cannot fit (rule 5), for a server
+    minimum and for an admission wait alike.
+    """
+    found = _next_route(state, policy, exclude_providers=state.spent_providers)
+    if not isinstance(found, FallBack):
+        return found
+    reason = f"{why}; falling back to {found.route.scope} at once"
+    return FallBack(found.route, 0.0, reason, found.index, found.skipped)
 
 
 def _wait_same_route(

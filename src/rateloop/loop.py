@@ -1,13 +1,14 @@
 """The RATE loop drivers: :class:`RateLoop` (sync) and :class:`AsyncRateLoop` (asyncio).
 
-How it works: one generator, :func:`_drive`, holds the whole algorithm of a
-call — admit, attempt, classify, decide, wait, fall back, settle, record.  It
-never does I/O itself.  Whenever it needs the outside world it *yields an
-effect* (``Admit``, ``Call``, ``Sleep``, ``LimiterCall``, ``Check``) and
+How it works: one generator, ``_BaseRateLoop._drive`` (in :mod:`rateloop._flow`),
+holds the whole algorithm of a call — admit, attempt, classify, decide, wait,
+fall back, settle, record.  It never does I/O itself.  Whenever it needs the
+outside world it *yields an effect* (``Admit``, ``Call``, ``Sleep``, ``LimiterCall``, ``Check``) and
 receives the result.  :class:`RateLoop` carries the effects out with blocking
 calls, :class:`AsyncRateLoop` with ``await``; that is the only difference
 between the twins (the pattern of httpx's ``auth_flow``).  The decisions
-themselves come from the sans-IO :func:`rateloop.decision.decide`.
+themselves come from the sans-IO :func:`rateloop.decision.decide`; the
+arguments are checked in :mod:`rateloop._args`.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class RateLoop(_BaseRateLoop):
 
 class AsyncRateLoop(_BaseRateLoop):
     """The asyncio RATE loop; ``fn`` may be a coroutine function or a plain one."""
+
+    _is_async = True
 
     async def call(
         self, fn: Callable[..., Any], *, route: Route, **options: Unpack[CallOptions]

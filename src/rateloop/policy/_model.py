@@ -20,6 +20,7 @@ from rateloop.admission.spec import LimitSpec
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.errors import ConfigError
 from rateloop.policy._build import PolicyWarning, merge
+from rateloop.policy._checks import limit_bound_problems, scope_key_problem, shown
 from rateloop.policy._layers import Layer
 from rateloop.policy._schema import (
     SCHEMA,
@@ -28,9 +29,6 @@ from rateloop.policy._schema import (
     check_lock_path,
     cross_check,
     dotted,
-    limit_bound_problems,
-    scope_key_problem,
-    shown,
 )
 from rateloop.route import Route
 from rateloop.timing import Backoff, Jitter, Strategy
