@@ -123,10 +123,10 @@ def test_a_server_minimum_is_a_floor_and_the_local_backoff_starts_at_5s(
         (Step(429, body={"error": {"type": "insufficient_quota", "code": "insufficient_quota",
                                    "message": "You exceeded your current quota"}}),
          openai.RateLimitError, Status.NEEDS_OPERATOR),
-        (Step(429, {"retry-after": "7200"}, RATE_LIMITED), openai.RateLimitError,
+        (Step(429, {"retry-after": "1800"}, RATE_LIMITED), openai.RateLimitError,
          Status.WAITING_FOR_CAPACITY),
     ],
-    ids=["400", "401", "404", "spend", "minimum-beyond-pause-limit"],
+    ids=["400", "401", "404", "spend", "minimum-beyond-the-budget"],
 )
 def test_a_final_refusal_reaches_the_caller_as_the_sdk_error_at_once(
     server: ScriptedProvider, step: Step, error: type[Exception], status: Status
@@ -141,17 +141,17 @@ def test_a_final_refusal_reaches_the_caller_as_the_sdk_error_at_once(
     assert clock.monotonic() == 0.0  # nothing was waited for
 
 
-def test_a_minimum_beyond_the_pause_limit_comes_back_with_the_minimum_as_advice(
+def test_a_minimum_beyond_the_budget_comes_back_with_the_minimum_as_advice(
     server: ScriptedProvider,
 ) -> None:
     clock = FakeClock()
-    server.add(Step(429, {"retry-after": "7200"}, RATE_LIMITED))
+    server.add(Step(429, {"retry-after": "1800"}, RATE_LIMITED))
     with pytest.raises(openai.RateLimitError) as caught:
         _call(_client(server, clock))
     outcome = _outcome(caught.value.response)
     assert outcome.retry_at is not None
-    assert (outcome.retry_at - clock.now()).total_seconds() >= 7200
-    assert outcome.signal is not None and outcome.signal.retry_after == 7200
+    assert (outcome.retry_at - clock.now()).total_seconds() >= 1800
+    assert outcome.signal is not None and outcome.signal.retry_after == 1800
 
 
 def test_persistent_429s_stop_at_max_attempts_counting_the_first(

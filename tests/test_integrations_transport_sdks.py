@@ -179,11 +179,11 @@ def test_a_bad_request_is_the_sdks_own_error_at_once(server: ScriptedProvider, s
 
 
 @by_sdk
-def test_a_minimum_beyond_the_pause_limit_is_returned_at_once(
+def test_a_minimum_beyond_the_budget_is_returned_at_once(
     server: ScriptedProvider, sdk: Sdk
 ) -> None:
     clock = FakeClock()
-    server.add(Step(429, {"retry-after": "7200"}, {"error": {"code": 429, "message": "slow",
+    server.add(Step(429, {"retry-after": "1800"}, {"error": {"code": 429, "message": "slow",
                                                             "type": "rate_limit_error"}}))
     with pytest.raises(sdk.rate_limited):
         sdk.run(server, clock)
