@@ -76,3 +76,31 @@ def test_release_without_acquire_is_harmless() -> None:
     pool = RateLoopConcurrencyLimiter(Limiter.from_url("memory://"), route=POOL)
     pool.release()
     assert pool.held == 0
+
+
+@pytest.mark.redis
+def test_two_processes_share_one_pool_through_redis(redis_url: str, redis_prefix: str) -> None:
+    # Two limiters on their own Redis connections stand for two processes.
+    limits = {POOL.scope: LimitSpec(concurrency=1)}
+    first = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)
+    second = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)
+    here = RateLoopConcurrencyLimiter(first, route=POOL)
+    there = RateLoopConcurrencyLimiter(second, route=POOL)
+
+    async def main() -> None:
+        try:
+            await here.acquire("model:gpt-4o-mini")
+            assert not isinstance(await second.atry_reserve(POOL, Cost()), Reservation)
+            here.release()  # pydantic-ai releases synchronously, from any task
+            await there.acquire("model:gpt-4o-mini")
+            assert there.held == 1
+            there.release()
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        first.close()
+        second.close()
