@@ -20,9 +20,10 @@ that sends the request through the inner transport — as the loop's ``fn``:
 3. **Read, settle, time**: the loop classifies the response (success
    headers feed ``observe``), settles the reservation from the body's
    ``usage`` and decides: done, wait and retry, or stop.  A stream's
-   reservation is not settled there: :class:`_LoopPerformer` hands it to the
-   stream, which settles it from the usage it saw when it closes, or releases
-   it when it is abandoned or its task is cancelled.
+   reservation is not settled there: the performer (``_SyncPerformer`` /
+   ``_AsyncPerformer``) hands it to the stream, which settles it from the
+   usage it saw when it closes, or releases it when it is abandoned or its
+   task is cancelled (:mod:`rateloop.integrations._stream`).
 4. **Exit**: a ``completed`` outcome returns the response; any other returns
    the provider's last response (so the SDK raises its own exception) with
    the outcome in ``response.extensions["rateloop_outcome"]``; with no
