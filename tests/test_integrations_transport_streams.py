@@ -213,3 +213,32 @@ def test_cancelling_a_request_in_flight_releases_its_reservation(
     asyncio.run(main())
     _no_admission_wait(sink, clock)
     assert server.count() == 2
+
+
+def test_a_gemini_stream_settles_and_frees_its_slot(server: ScriptedProvider) -> None:
+    import json
+
+    from transport_server import gemini_success
+
+    clock, sink = FakeClock(), RecordingSink()
+    limiter = Limiter.from_url(
+        "memory://", clock=clock,
+        limits={"google:gemini-2.5-flash": LimitSpec(concurrency=1)},
+    )
+    chunk = gemini_success()
+    server.default = Step(200, events=[f"data: {json.dumps(chunk)}"])
+    client = rateloop.genai_client(
+        api_key="g-test", http_options={"base_url": server.url}, clock=clock, limiter=limiter,
+        sinks=[sink],
+    )
+    try:
+        for _ in range(2):
+            pieces = list(client.models.generate_content_stream(
+                model="gemini-2.5-flash", contents="say hello"
+            ))
+            assert pieces[-1].usage_metadata.candidates_token_count == 7
+    finally:
+        client._api_client._httpx_client.close()
+    assert server.count() == 2
+    assert ":streamGenerateContent" in server.seen[0].path
+    _no_admission_wait(sink, clock)
