@@ -425,3 +425,26 @@ def test_the_body_deadline_does_not_shorten_the_next_attempts_wait_for_headers(
     _OPEN.append(client)
     assert client.post("/v1/chat/completions", json={"model": "m"}).status_code == 200
     assert seen == [30.0, 30.0]
+
+
+def test_the_async_transport_times_a_stalled_body_too(server: ScriptedProvider) -> None:
+    import asyncio
+
+    server.add(Step(200, stall=2.0))
+
+    async def main() -> rateloop.Outcome:
+        client = rateloop.async_openai_client(
+            base_url=server.url + "/v1", api_key="sk-test-key", clock=FakeClock(),
+            timeout=10.0, first_byte_timeout=0.3, idle_timeout=0.3,
+        )
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini", messages=MESSAGES
+            )
+            return _outcome(raw.http_response)
+        finally:
+            await client.close()
+
+    outcome = asyncio.run(main())
+    assert outcome.status is Status.COMPLETED and outcome.attempts.loop == 2
+    assert server.count() == 2

@@ -190,15 +190,16 @@ class _Attempt:
             idle_secs=s.idle_timeout,
         )
 
-    def limit_reads(self, budget: BodyBudget) -> None:
-        """Bound each socket read of the body by the body deadline.
+    def limit_reads(self, limit: float) -> None:
+        """Bound each socket read of the body by ``limit`` seconds.
 
         httpcore reads the read timeout from the request's extensions when the
-        body starts, so setting it after the headers bounds the body only.
+        body starts, so setting it after the headers bounds the body only —
+        with one value for every read: the sync reader passes the smaller of
+        the two deadlines, the async one (which also times each chunk) the larger.
         """
         timeouts = dict(self.request.extensions.get("timeout") or {})
         current = timeouts.get("read")
-        limit = budget.next_timeout()
         timeouts["read"] = limit if current is None else min(float(current), limit)
         self.request.extensions["timeout"] = timeouts
 
@@ -240,7 +241,7 @@ class _SyncAttempt(_Attempt):
             response.stream = owner.sync_stream(response.stream, hold)
             return response
         budget = self.budget()
-        self.limit_reads(budget)
+        self.limit_reads(min(budget.first_byte_secs, budget.idle_secs))
         try:
             for chunk in response.stream:
                 budget.feed(chunk)
@@ -267,7 +268,7 @@ class _AsyncAttempt(_Attempt):
             response.stream = owner.async_stream(response.stream, hold)
             return response
         budget = self.budget()
-        self.limit_reads(budget)
+        self.limit_reads(max(budget.first_byte_secs, budget.idle_secs))
         chunks = response.stream.__aiter__()
         try:
             while True:
