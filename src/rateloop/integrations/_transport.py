@@ -143,21 +143,14 @@ class _Attempt:
 
     def sent(self, response: Any) -> bool:
         """Record a response with its headers; True when its body is a stream to hand over."""
-        self._drop_last()
         self.stream = None
         self.last_response, self.last_error = response, None
         kind = response.headers.get("content-type", "")
         return bool(200 <= response.status_code < 300 and kind.startswith("text/event-stream"))
 
     def failed(self, error: BaseException) -> None:
-        self._drop_last()
         self.stream = None
         self.last_response, self.last_error = None, error
-
-    def _drop_last(self) -> None:
-        previous = self.last_response
-        if previous is not None and not previous.is_closed and self.stream is None:
-            previous.stream.close()
 
     def buffered(self, response: Any, budget: BodyBudget) -> Any:
         """The response rebuilt around its read body; raises on an error envelope."""
