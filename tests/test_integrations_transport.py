@@ -448,3 +448,19 @@ def test_the_async_transport_times_a_stalled_body_too(server: ScriptedProvider) 
     outcome = asyncio.run(main())
     assert outcome.status is Status.COMPLETED and outcome.attempts.loop == 2
     assert server.count() == 2
+
+
+def test_a_ready_client_takes_a_loop_for_its_policy_clock_and_sinks(
+    server: ScriptedProvider,
+) -> None:
+    sink = RecordingSink()
+    loop = rateloop.RateLoop(rateloop.Policy(max_attempts=2), clock=FakeClock(), sinks=[sink])
+    server.default = Step(429, body=RATE_LIMITED)
+    client = rateloop.openai_client(base_url=server.url + "/v1", api_key="k", loop=loop)
+    _OPEN.append(client)
+    with pytest.raises(openai.RateLimitError):
+        _call(client)
+    assert server.count() == 2
+    assert sink.decisions.count("wait") == 1
+    with pytest.raises(TypeError, match="either loop= or policy="):
+        rl_httpx2.RateLoopTransport(loop=loop, policy=rateloop.Policy())
