@@ -15,7 +15,8 @@ from rateloop import Cost, Limiter, LimitSpec, Route
 from rateloop.integrations.langchain import RateLoopRateLimiter
 from rateloop.testing import FakeClock
 
-ROUTE = Route(provider="openai", model="gpt-4o-mini", project="p1")
+# Anthropic corrects output to the tokens produced (OpenAI keeps max_tokens): settling refunds.
+ROUTE = Route(provider="anthropic", model="claude-haiku-4-5", project="p1")
 
 
 def _answers(n: int, used: int = 10) -> GenericFakeChatModel:

@@ -252,10 +252,26 @@ def test_usage_from_the_body_settles_the_reservation(server: ScriptedProvider) -
     limiter = Limiter.from_url("memory://", clock=clock)
     client = _client(server, clock, limiter=limiter)
     first = _outcome(_call(client).http_response)
-    limiter.set_limits(first.route.scope, LimitSpec(tokens_per_minute=100, burst=1.0))
+    # profile="generic": output settles to the tokens produced (OpenAI keeps max_tokens).
+    limiter.set_limits(
+        first.route.scope, LimitSpec(tokens_per_minute=100, burst=1.0, profile="generic")
+    )
     for _ in range(3):
         assert _outcome(_call(client).http_response).status is Status.COMPLETED
     assert clock.monotonic() == 0.0
+
+
+def test_openai_accounting_keeps_the_unused_output_tokens(server: ScriptedProvider) -> None:
+    # The same calls under OpenAI's own profile: max_tokens is charged and kept, so the
+    # bucket of 100 tokens a minute cannot take the next calls without waiting.
+    clock = FakeClock()
+    limiter = Limiter.from_url("memory://", clock=clock)
+    client = _client(server, clock, limiter=limiter)
+    first = _outcome(_call(client).http_response)
+    limiter.set_limits(first.route.scope, LimitSpec(tokens_per_minute=100, burst=1.0))
+    for _ in range(3):
+        assert _outcome(_call(client).http_response).status is Status.COMPLETED
+    assert clock.monotonic() > 0.0
 
 
 def test_a_cost_that_never_fits_is_refused_locally_and_nothing_is_sent(

@@ -245,7 +245,8 @@ def test_success_headers_are_observed_and_usage_settled(
     learned = limiter.limits_for(scope)
     assert learned is not None and learned.requests_per_minute is not None
     # Settlement: 100 tokens a minute; each call reserves ~40 and spends 18.
-    limiter.set_limits(scope, LimitSpec(tokens_per_minute=100, burst=1.0))
+    # profile="generic": output settles to the tokens produced, whichever the provider.
+    limiter.set_limits(scope, LimitSpec(tokens_per_minute=100, burst=1.0, profile="generic"))
     for _ in range(3):
         sdk.run(server, clock, limiter=limiter, sinks=[sink])
     assert "admission_wait" not in sink.decisions

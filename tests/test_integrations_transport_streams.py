@@ -75,8 +75,10 @@ def test_a_finished_stream_settles_from_its_usage_and_frees_its_slot(
     limiter = _one_at_a_time(clock, "gpt-4o-mini")
     # 100 tokens a minute: each stream reserves ~47 tokens and reports 11 + 7 used;
     # without settlement the third would wait.
+    # profile="generic": output settles to the tokens produced (OpenAI keeps max_tokens).
     limiter.set_limits(
-        "openai:gpt-4o-mini", LimitSpec(concurrency=1, tokens_per_minute=100, burst=1.0)
+        "openai:gpt-4o-mini",
+        LimitSpec(concurrency=1, tokens_per_minute=100, burst=1.0, profile="generic"),
     )
     client = _openai(server, clock, limiter=limiter, sinks=[sink])
     for _ in range(3):
