@@ -122,6 +122,22 @@ def test_gemini_client_reads_resource_exhausted_and_the_day_quota() -> None:
         assert classify_exception(daily.value).kind is Kind.PERIOD_QUOTA
 
 
+def test_gemini_client_streams_and_sees_a_mid_stream_error() -> None:
+    fake = FakeProvider(profile="gemini", faults=[None, "stream_error"])
+    with FakeProviderServer(fake) as running:
+        client = genai.Client(api_key="fake",
+                              http_options=genai_types.HttpOptions(base_url=running.url,
+                                                                   timeout=10_000))
+        chunks = client.models.generate_content_stream(model="gemini-2.5-flash",
+                                                       contents="hello")
+        assert [c.text for c in chunks] == ["fake response"]
+        with pytest.raises(Exception) as broken:
+            list(client.models.generate_content_stream(model="gemini-2.5-flash",
+                                                       contents="hello"))
+        assert classify_exception(broken.value).kind is Kind.OVERLOAD
+    assert fake.stats.refusals == {"stream_error": 1}
+
+
 def test_stats_endpoint_and_keep_alive(server: FakeProviderServer) -> None:
     with httpx.Client(base_url=server.url) as client:
         for _ in range(3):
