@@ -21,6 +21,7 @@ strategy; the retry constants of the clients are not scaled.
     python bench/sim_crosscheck.py                       # burst and steady, all strategies
     python bench/sim_crosscheck.py --scenario burst --strategies sdk,rateloop
     python bench/sim_crosscheck.py --json bench/results/sim_crosscheck.json
+    python bench/sim_crosscheck.py --scenario burst --strategies tenacity --sim-seeds 8
 """
 
 from __future__ import annotations
@@ -230,6 +231,18 @@ async def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict
                                              None if math.isinf(real_rej) else real_rej),
             }
             pair["gap_sim_vs_real"] = gaps
+            if args.sim_seeds > 1:
+                # Random strategies (full jitter): one real run is one draw; show the
+                # simulator's spread over jitter seeds next to it.
+                runs = [await asyncio.to_thread(run_strategy, sc, SIM_MODEL.get(strategy, strategy),
+                                                seed=k) for k in range(1, args.sim_seeds + 1)]
+                effs = sorted(r.efficiency for r in runs)
+                rejs = sorted(r.rejected_per_success for r in runs)
+                pair["sim_spread"] = {"seeds": args.sim_seeds, "efficiency": [effs[0], effs[-1]],
+                                      "rejected_per_success": [rejs[0], rejs[-1]]}
+                print(f"{'':8} {'':14} sim spread over seeds 1-{args.sim_seeds}: efficiency "
+                      f"{effs[0]:.0%}-{effs[-1]:.0%}, refused/ok {rejs[0]:.2f}-{rejs[-1]:.2f}",
+                      flush=True)
             print(f"{'':8} {'':14} gap   efficiency {gaps['efficiency']}, "
                   f"refused/ok {gaps['rejected_per_success']}", flush=True)
             rows.append({"scenario": name, "strategy": strategy, **pair})
@@ -245,6 +258,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--sim-seeds", type=int, default=1,
+                        help="also simulate jitter seeds 1..N and print the spread")
     args = parser.parse_args()
     strategies = [s for s in args.strategies.split(",") if s]
     # LiteLLM: no network (its model-price map is bundled), no chatter on stderr.
