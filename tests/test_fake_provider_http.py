@@ -92,6 +92,7 @@ def test_anthropic_sdk_rate_limit_overload_stream_error_and_reset() -> None:
         with pytest.raises(anthropic.APIStatusError) as overloaded:
             client.messages.create(model="claude-x", max_tokens=10, messages=MESSAGES)
         assert overloaded.value.status_code == 529
+        assert overloaded.value.response.headers["x-should-retry"] == "true"
         assert classify_exception(overloaded.value).kind is Kind.OVERLOAD
         with pytest.raises(anthropic.APIStatusError) as broken, client.messages.stream(
             model="claude-x", max_tokens=10, messages=MESSAGES

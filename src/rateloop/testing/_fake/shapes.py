@@ -160,6 +160,8 @@ def refusal(
         return _openai_refusal(reason, model, wait, limit, requested, extra)
     if profile == "anthropic":
         extra["request-id"] = request_id
+        if reason != "spend":
+            extra["x-should-retry"] = "true"  # as the API sends on 429 and 529
         return _anthropic_refusal(reason, wait, limit, request_id, extra)
     return _gemini_refusal(reason, model, wait, limit, extra)
 
