@@ -211,7 +211,7 @@ def test_cli_serves_until_stopped() -> None:
 
 def test_cli_rejects_bad_options() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rateloop", "fake-provider", "--rpm", "0"],
+        [sys.executable, "-m", "rateloop", "fake-provider", "--rpm", "-1"],
         check=False, env=_env(), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2
