@@ -21,6 +21,12 @@ strategy; the retry constants of the clients are not scaled.
     python bench/sim_crosscheck.py                       # burst and steady, all strategies
     python bench/sim_crosscheck.py --scenario burst --strategies sdk,rateloop
     python bench/sim_crosscheck.py --json bench/results/sim_crosscheck.json
+    python bench/sim_crosscheck.py --scenario burst --strategies tenacity --sim-seeds 8
+    python bench/sim_crosscheck.py --scenario shared --strategies rateloop,rateloop-zero
+
+``shared`` (four processes, one budget) needs the Redis on 127.0.0.1:6379: the
+``rateloop`` callers share their limiter state there (under a random key
+prefix, deleted afterwards); the zero-config callers each learn alone.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -56,12 +63,15 @@ from rateloop.testing import FakeProvider, FakeProviderServer
 
 LIMITS = {"rpm": 600, "tpm": 400_000, "burst_seconds": 5.0, "latency": 0.5}
 MESSAGES = [{"role": "user", "content": "x"}]
-SIM_MODEL = {"litellm": "sdk"}  # the simulated strategy a real client is compared with
+SIM_MODEL = {"litellm": "sdk"}
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the simulated strategy a real client is compared with
 
 
 def scenario(name: str, *, tasks: int, calls: int, seed: int) -> Scenario:
     arrival = 24.0 if name == "steady" else 0.0  # the simulator's 240 s, scaled like the limits
-    work = Workload.generate(tasks=tasks, calls=calls, arrival_secs=arrival, seed=seed)
+    processes = 4 if name == "shared" else 1
+    work = Workload.generate(tasks=tasks, calls=calls, arrival_secs=arrival, seed=seed,
+                             processes=processes)
     return build_scenario(name, tasks=tasks, calls=calls, rpm=LIMITS["rpm"],
                           tpm=LIMITS["tpm"], burst_seconds=LIMITS["burst_seconds"],
                           latency=LIMITS["latency"], workload=work, seed=seed)
@@ -84,8 +94,13 @@ async def _create(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
     )
 
 
-def make_real_caller(strategy: str, url: str, sc: Scenario) -> Any:
-    """``async call(spec) -> bool`` for a real client."""
+def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | None = None) -> Any:
+    """``async call(spec) -> bool`` for a real client.
+
+    With ``redis_prefix``, the ``rateloop`` strategy's limiter keeps its state
+    in the Redis on 127.0.0.1 under that prefix: several callers built with
+    the same prefix share one budget, as separate processes would.
+    """
     if strategy == "sdk":
         client = _client(url, 2)
 
@@ -133,7 +148,11 @@ def make_real_caller(strategy: str, url: str, sc: Scenario) -> Any:
         client = _client(url, 0)
         route = Route(provider="openai", model="sim-model")
         limits = {route.provider_scope: sc.configured} if strategy == "rateloop" else {}
-        loop = AsyncRateLoop(Policy(), limiter=Limiter(limits=limits))
+        if strategy == "rateloop" and redis_prefix is not None:
+            limiter = Limiter.from_url(REDIS_URL, prefix=redis_prefix, limits=limits)
+        else:
+            limiter = Limiter(limits=limits)  # zero-config: each process learns alone
+        loop = AsyncRateLoop(Policy(), limiter=limiter)
 
         async def with_rateloop(call: CallSpec) -> bool:
             async def attempt(_route: Route) -> Any:
@@ -168,13 +187,17 @@ async def _real(sc: Scenario, strategy: str) -> RunResult:
     provider = FakeProvider(**sc.provider_options())
     # The server runs its own loop on a thread; the clients run on this one.
     with FakeProviderServer(provider) as server:
-        caller = make_real_caller(strategy, server.url, sc)
+        # One caller per simulated process; "shared" runs four with one Redis budget.
+        prefix = f"rateloop-simcheck-{secrets.token_hex(4)}:" if sc.processes > 1 else None
+        callers = [make_real_caller(strategy, server.url, sc, prefix)
+                   for _ in range(sc.processes)]
         t0 = time.monotonic()
 
         async def run_task(spec: TaskSpec) -> TaskResult:
             await asyncio.sleep(spec.start)
             start = time.monotonic() - t0
             done: list[CallSpec] = []
+            caller = callers[spec.group % len(callers)]
             for call in spec.calls:
                 if not await caller(call):
                     break
@@ -184,7 +207,11 @@ async def _real(sc: Scenario, strategy: str) -> RunResult:
                               len(done) + (0 if completed else 1), 0,
                               "completed" if completed else "failed")
 
-        results = await asyncio.gather(*(run_task(t) for t in sc.workload.tasks))
+        try:
+            results = await asyncio.gather(*(run_task(t) for t in sc.workload.tasks))
+        finally:
+            if prefix is not None:
+                _forget_redis_keys(prefix)
     possible = achievable_tasks(sc.workload.tasks, sc.limits.rpd)
     ideal = ideal_seconds(profile="openai", limits=sc.limits, latency=sc.latency,
                           tasks=[(t.start, t.calls) for t in possible])
@@ -192,6 +219,19 @@ async def _real(sc: Scenario, strategy: str) -> RunResult:
     return RunResult(scenario=sc.name, strategy=strategy, tasks=list(results),
                      provider_attempts=stats.attempts, provider_refusals=stats.refused,
                      served=stats.served, ideal=ideal, achievable=len(possible))
+
+
+def _forget_redis_keys(prefix: str) -> None:
+    """Delete this run's keys (and only them) from the shared Redis."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=prefix + "*", count=500))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 def _gap(sim: float | None, real: float | None) -> str:
@@ -230,6 +270,18 @@ async def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict
                                              None if math.isinf(real_rej) else real_rej),
             }
             pair["gap_sim_vs_real"] = gaps
+            if args.sim_seeds > 1:
+                # Random strategies (full jitter): one real run is one draw; show the
+                # simulator's spread over jitter seeds next to it.
+                runs = [await asyncio.to_thread(run_strategy, sc, SIM_MODEL.get(strategy, strategy),
+                                                seed=k) for k in range(1, args.sim_seeds + 1)]
+                effs = sorted(r.efficiency for r in runs)
+                rejs = sorted(r.rejected_per_success for r in runs)
+                pair["sim_spread"] = {"seeds": args.sim_seeds, "efficiency": [effs[0], effs[-1]],
+                                      "rejected_per_success": [rejs[0], rejs[-1]]}
+                print(f"{'':8} {'':14} sim spread over seeds 1-{args.sim_seeds}: efficiency "
+                      f"{effs[0]:.0%}-{effs[-1]:.0%}, refused/ok {rejs[0]:.2f}-{rejs[-1]:.2f}",
+                      flush=True)
             print(f"{'':8} {'':14} gap   efficiency {gaps['efficiency']}, "
                   f"refused/ok {gaps['rejected_per_success']}", flush=True)
             rows.append({"scenario": name, "strategy": strategy, **pair})
@@ -245,6 +297,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--sim-seeds", type=int, default=1,
+                        help="also simulate jitter seeds 1..N and print the spread")
     args = parser.parse_args()
     strategies = [s for s in args.strategies.split(",") if s]
     # LiteLLM: no network (its model-price map is bundled), no chatter on stderr.

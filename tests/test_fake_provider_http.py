@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -25,7 +26,9 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture
 def server() -> Iterator[FakeProviderServer]:
-    with FakeProviderServer(FakeProvider(rpm=60, tpm=100_000, burst_seconds=1)) as running:
+    # 6 RPM, one request at a time: a slot takes 10 s to refill, so a slow machine
+    # between two requests cannot make the second one pass.
+    with FakeProviderServer(FakeProvider(rpm=6, tpm=100_000, burst_seconds=10)) as running:
         yield running
 
 
@@ -38,12 +41,17 @@ def test_openai_sdk_parses_the_429_with_its_headers(server: FakeProviderServer) 
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, max_tokens=20)
     headers = caught.value.response.headers
-    assert headers["retry-after"] == "2"  # the refused request spent a slot too
-    assert int(headers["retry-after-ms"]) > 0
-    assert headers["x-ratelimit-limit-requests"] == "60"
+    # About 20 s: one slot to refill, and the one the refused request spent too.
+    wait_ms = int(headers["retry-after-ms"])
+    assert 15_000 < wait_ms <= 20_000
+    assert headers["retry-after"] == str(math.ceil(wait_ms / 1000))
+    assert headers["x-ratelimit-limit-requests"] == "6"
     assert headers["x-ratelimit-remaining-requests"] == "0"
     signal = classify_exception(caught.value)
-    assert (signal.kind, signal.dimension, signal.retry_after) == (Kind.TEMPORARY, "requests", 2.0)
+    assert (signal.kind, signal.dimension) == (Kind.TEMPORARY, "requests")
+    # The classifier may read retry-after-ms (exact) or retry-after (rounded up).
+    assert signal.retry_after is not None
+    assert wait_ms / 1000 - 0.001 <= signal.retry_after <= math.ceil(wait_ms / 1000)
     assert signal.request_id is not None and signal.request_id.startswith("req_fake")
     assert server.provider.stats.attempts == 2
 
@@ -76,7 +84,7 @@ def test_openai_sdk_streams_and_sees_a_mid_stream_error() -> None:
 
 
 def test_anthropic_sdk_rate_limit_overload_stream_error_and_reset() -> None:
-    fake = FakeProvider(profile="anthropic", rpm=60, burst_seconds=1,
+    fake = FakeProvider(profile="anthropic", rpm=6, burst_seconds=10,
                         faults=[None, None, "overload", "stream_error", "reset"])
     with FakeProviderServer(fake) as running:
         client = anthropic.Anthropic(base_url=running.url, api_key="fake", max_retries=0,
@@ -85,13 +93,14 @@ def test_anthropic_sdk_rate_limit_overload_stream_error_and_reset() -> None:
         assert message.usage.output_tokens == 10
         with pytest.raises(anthropic.RateLimitError) as limited:
             client.messages.create(model="claude-x", max_tokens=10, messages=MESSAGES)
-        assert limited.value.response.headers["retry-after"] == "2"
-        assert limited.value.response.headers["anthropic-ratelimit-requests-limit"] == "60"
+        assert 15 < int(limited.value.response.headers["retry-after"]) <= 20
+        assert limited.value.response.headers["anthropic-ratelimit-requests-limit"] == "6"
         assert classify_exception(limited.value).dimension == "requests"
         fake.reset()  # full buckets; the fault script goes on
         with pytest.raises(anthropic.APIStatusError) as overloaded:
             client.messages.create(model="claude-x", max_tokens=10, messages=MESSAGES)
         assert overloaded.value.status_code == 529
+        assert overloaded.value.response.headers["x-should-retry"] == "true"
         assert classify_exception(overloaded.value).kind is Kind.OVERLOAD
         with pytest.raises(anthropic.APIStatusError) as broken, client.messages.stream(
             model="claude-x", max_tokens=10, messages=MESSAGES
@@ -104,7 +113,7 @@ def test_anthropic_sdk_rate_limit_overload_stream_error_and_reset() -> None:
 
 
 def test_gemini_client_reads_resource_exhausted_and_the_day_quota() -> None:
-    fake = FakeProvider(profile="gemini", rpm=60, burst_seconds=1)
+    fake = FakeProvider(profile="gemini", rpm=6, burst_seconds=10)
     with FakeProviderServer(fake) as running:
         client = genai.Client(api_key="fake",
                               http_options=genai_types.HttpOptions(base_url=running.url,
@@ -122,13 +131,29 @@ def test_gemini_client_reads_resource_exhausted_and_the_day_quota() -> None:
         assert classify_exception(daily.value).kind is Kind.PERIOD_QUOTA
 
 
+def test_gemini_client_streams_and_sees_a_mid_stream_error() -> None:
+    fake = FakeProvider(profile="gemini", faults=[None, "stream_error"])
+    with FakeProviderServer(fake) as running:
+        client = genai.Client(api_key="fake",
+                              http_options=genai_types.HttpOptions(base_url=running.url,
+                                                                   timeout=10_000))
+        chunks = client.models.generate_content_stream(model="gemini-2.5-flash",
+                                                       contents="hello")
+        assert [c.text for c in chunks] == ["fake response"]
+        with pytest.raises(Exception) as broken:
+            list(client.models.generate_content_stream(model="gemini-2.5-flash",
+                                                       contents="hello"))
+        assert classify_exception(broken.value).kind is Kind.OVERLOAD
+    assert fake.stats.refusals == {"stream_error": 1}
+
+
 def test_stats_endpoint_and_keep_alive(server: FakeProviderServer) -> None:
     with httpx.Client(base_url=server.url) as client:
         for _ in range(3):
             client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1})
         stats = client.get("/fake/stats").json()
         assert (stats["attempts"], stats["served"]) == (3, 1)
-        assert stats["config"]["limits"]["rpm"] == 60
+        assert stats["config"]["limits"]["rpm"] == 6
         assert client.post("/fake/reset").json() == {"reset": True}
     assert server.provider.stats.attempts == 0
 
@@ -186,7 +211,7 @@ def test_cli_serves_until_stopped() -> None:
 
 def test_cli_rejects_bad_options() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "rateloop", "fake-provider", "--rpm", "0"],
+        [sys.executable, "-m", "rateloop", "fake-provider", "--rpm", "-1"],
         check=False, env=_env(), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2

@@ -341,3 +341,18 @@ def test_simulate_zero_leaves_a_limit_unset() -> None:
     # Only the concurrency limit is left: the bound is 3 calls × 2 s / 2 at a time = 3 s.
     assert row["ideal_secs"] == pytest.approx(3.0)
     assert row["completed"] == 3
+
+
+def test_simulate_a_trace_of_the_users_calls(tmp_path: Path) -> None:
+    trace = tmp_path / "calls.jsonl"
+    trace.write_text("".join(
+        json.dumps({"task": f"t{i % 4}", "input_tokens": 500, "max_tokens": 300,
+                    "output_tokens": 100}) + "\n"
+        for i in range(12)
+    ))
+    result = runner.invoke(app, ["simulate", "--scenario", "burst", "--trace", str(trace),
+                                 "--strategies", "rateloop", "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    assert row["completed"] == 4  # 4 tasks of 3 calls each
+    assert row["provider_attempts"] >= 12

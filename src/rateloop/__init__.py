@@ -35,6 +35,13 @@ from rateloop.classify import (
 from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
 from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, LoggingSink, RecordingSink
+from rateloop.integrations.clients import (
+    anthropic_client,
+    async_anthropic_client,
+    async_openai_client,
+    genai_client,
+    openai_client,
+)
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
 from rateloop.policy import (
@@ -105,12 +112,17 @@ __all__ = [
     "WaitPlan",
     "WriteOutcome",
     "__version__",
+    "anthropic_client",
+    "async_anthropic_client",
+    "async_openai_client",
     "classify",
     "classify_exception",
     "classify_response",
     "classify_text",
     "decide",
     "detect_provider",
+    "genai_client",
+    "openai_client",
     "plan_wait",
     "run_step",
     "task",

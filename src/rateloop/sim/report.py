@@ -69,8 +69,8 @@ def summary(result: RunResult) -> dict[str, Any]:
 
 def render_table(scenario: Scenario, results: Sequence[RunResult], console: Console) -> None:
     ideal = duration(results[0].ideal) if results else "-"
-    console.print(f"[bold]{scenario.description}[/bold]\nquota-bound ideal: {ideal}",
-                  highlight=False)
+    console.print(f"[bold]{scenario.description}[/bold]\n{scenario.limits_text()}\n"
+                  f"quota-bound ideal: {ideal}", highlight=False)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("strategy", no_wrap=True)
     for name in ("done", "deferred", "lost", "wall", "effic.", "refused/ok", "tries/call",

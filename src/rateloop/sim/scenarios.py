@@ -51,6 +51,17 @@ class Scenario:
     storms: tuple[StormWindow, ...] = field(default=())
     processes: int = 1
 
+    def limits_text(self) -> str:
+        """``openai provider: 60 RPM, 40,000 TPM, 5 s burst; answers take 2 s``."""
+        lim = self.limits
+        parts = [f"{getattr(lim, k):,} {k.upper()}"
+                 for k in ("rpm", "tpm", "itpm", "otpm", "rpd") if getattr(lim, k) is not None]
+        if lim.concurrency is not None:
+            parts.append(f"{lim.concurrency} at once")
+        shown = ", ".join(parts) or "no limits"
+        return (f"{self.profile} provider: {shown}, {lim.burst_seconds:g} s burst; "
+                f"answers take {self.latency:g} s")
+
     def provider_options(self) -> dict[str, Any]:
         return {"profile": self.profile, "limits": self.limits, "latency": self.latency,
                 "refusal_latency": self.refusal_latency, "model": "sim-model"}

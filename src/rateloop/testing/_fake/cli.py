@@ -42,7 +42,8 @@ def fake_provider_command(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0 picks a free one).")] = 8787,
     profile: Annotated[str, typer.Option(help="Default shape and token counting: "
                                          + ", ".join(PROFILES) + ".")] = "openai",
-    rpm: Annotated[int | None, typer.Option(help="Requests per minute.")] = None,
+    rpm: Annotated[int | None, typer.Option(
+        help="Requests per minute (unset or 0: unlimited).")] = None,
     tpm: Annotated[int | None, typer.Option(help="Tokens (input+output) per minute.")] = None,
     itpm: Annotated[int | None, typer.Option(help="Input tokens per minute.")] = None,
     otpm: Annotated[int | None, typer.Option(help="Output tokens per minute.")] = None,
@@ -56,6 +57,10 @@ def fake_provider_command(
     model: Annotated[str, typer.Option(help="Model name in the answers.")] = "fake-model",
 ) -> None:
     """Run a fake model provider that enforces limits like the real ones (on 127.0.0.1)."""
+    # 0 leaves a limit unset, as in ``rateloop simulate``.
+    rpm, tpm, itpm, otpm, rpd, concurrency = (
+        v or None for v in (rpm, tpm, itpm, otpm, rpd, concurrency)
+    )
     try:
         if profile not in PROFILES:
             raise ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")

@@ -274,7 +274,9 @@ class FakeProvider:
                 return FakeResponse(status_code=0, headers={}, reset=True, refused="reset",
                                     delay=self.refusal_latency), None
             if fault is not None and not stream_error:
-                return self._refuse(profile, fault, model, request_id, None, None, None), None
+                named = {"rate_limit": self.limits.rpm, "period_quota": self.limits.rpd}
+                return self._refuse(profile, fault, model, request_id, None,
+                                    named.get(fault), 1), None
             if self._spent:
                 return self._refuse(profile, "spend", model, request_id, None, None, None), None
             left_today = self._roll_day()

@@ -160,6 +160,8 @@ def refusal(
         return _openai_refusal(reason, model, wait, limit, requested, extra)
     if profile == "anthropic":
         extra["request-id"] = request_id
+        if reason != "spend":
+            extra["x-should-retry"] = "true"  # as the API sends on 429 and 529
         return _anthropic_refusal(reason, wait, limit, request_id, extra)
     return _gemini_refusal(reason, model, wait, limit, extra)
 
@@ -198,9 +200,12 @@ def _openai_refusal(
         dim = "requests"
     phrase, kind = _OPENAI_PHRASE.get(dim, _OPENAI_PHRASE["requests"])
     try_again = f" Please try again in {go_duration(wait)}." if wait is not None else ""
+    # A scripted fault has no bucket behind it: name a plausible limit, never one below
+    # the request (that would read as a request too large for any window).
+    shown = limit if limit is not None else (10_000 if dim == "requests_per_day" else 500)
     message = (
         f"Rate limit reached for {model} in organization org-fake on {phrase}: "
-        f"Limit {limit if limit is not None else 0}, Used {limit if limit is not None else 0}, "
+        f"Limit {shown}, Used {shown}, "
         f"Requested {requested if requested is not None else 1}.{try_again} "
         "Visit https://platform.openai.com/account/rate-limits to learn more."
     )

@@ -1,0 +1,94 @@
+"""First contact: until a scope's limits are known, one request probes alone.
+
+Why: zero-config admission learns a provider's limits from the headers of
+its answers.  Before the first answer it knows nothing, so a program that
+starts 50 calls at once would send all 50 and take a 429 for every one past
+the provider's burst (and with OpenAI each refused request still spends a
+slot).  So the first request on a scope the limiter knows nothing about
+goes alone; the others wait for its answer (any answer, or its failure),
+then go through admission with what it taught.  A scope with configured
+limits, or once probed, is never gated again.
+
+:class:`FirstContact` is the bookkeeping (thread-safe, no waiting); the
+sync transport waits on a ``threading.Event``, the async one on an
+``asyncio.Event`` made on its own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any, Literal
+
+from rateloop.route import Route
+
+__all__ = ["FirstContact"]
+
+Role = Literal["go", "probe", "wait"]
+
+
+class FirstContact:
+    """Which request probes each unknown scope, and who waits for it.
+
+    >>> gate = FirstContact()
+    >>> from rateloop import Route
+    >>> route = Route(provider="openai", model="m", project="p")
+    >>> gate.role(route, limiter=None)
+    'go'
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done: set[str] = set()
+        self._probing: dict[str, tuple[threading.Event, list[tuple[Any, asyncio.Event]]]] = {}
+
+    def role(self, route: Route, limiter: Any) -> Role:
+        """``go`` (known scope), ``probe`` (you go alone, then :meth:`finish`), or ``wait``."""
+        if limiter is None:
+            return "go"
+        key = route.provider_scope
+        with self._lock:
+            if key in self._done:
+                return "go"
+            if any(limiter.limits_for(scope) is not None for scope in route.scopes):
+                self._done.add(key)
+                return "go"
+            if key in self._probing:
+                return "wait"
+            self._probing[key] = (threading.Event(), [])
+            return "probe"
+
+    def finish(self, route: Route) -> None:
+        """The probe of ``route``'s scope answered (or failed): let the waiters go."""
+        key = route.provider_scope
+        with self._lock:
+            self._done.add(key)
+            entry = self._probing.pop(key, None)
+        if entry is None:
+            return
+        event, async_waiters = entry
+        event.set()
+        for loop, waiter in async_waiters:
+            if loop.is_closed():
+                continue
+            loop.call_soon_threadsafe(waiter.set)
+
+    def wait(self, route: Route, timeout: float) -> None:
+        """Block until the probe of ``route``'s scope finishes (or ``timeout`` passes)."""
+        with self._lock:
+            entry = self._probing.get(route.provider_scope)
+        if entry is not None:
+            entry[0].wait(timeout)
+
+    async def await_probe(self, route: Route, timeout: float) -> None:
+        """Await the probe of ``route``'s scope (or ``timeout``)."""
+        loop = asyncio.get_running_loop()
+        waiter = asyncio.Event()
+        with self._lock:
+            entry = self._probing.get(route.provider_scope)
+            if entry is None:
+                return
+            entry[1].append((loop, waiter))
+        with contextlib.suppress(TimeoutError):  # a probe that hangs holds nobody forever
+            await asyncio.wait_for(waiter.wait(), timeout)
