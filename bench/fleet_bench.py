@@ -13,6 +13,7 @@ Strategies:
 * ``rateloop``       -- ``AsyncRateLoop`` + ``Limiter`` told the limits (rpm/tpm only:
   burst and accounting follow the OpenAI profile); memory in 1 process, one
   Redis shared by all processes otherwise.
+* ``rateloop-burst`` -- the same, also told the provider's burst (``burst = 2/60``).
 * ``rateloop-zero``  -- the same with no limits configured: learned from the headers
   (and, on Redis, shared: one process learns, all use it).
 * ``tenacity``       -- the OpenAI cookbook recipe: the openai SDK (``max_retries=0``)
@@ -86,7 +87,7 @@ def _body(inp: int, cap: int) -> dict[str, Any]:
 
 def make_caller(strategy: str, url: str, cfg: dict[str, Any], processes: int) -> Any:
     """``(caller, close)``: ``async caller(inp, cap, out) -> bool`` for one strategy."""
-    if strategy in ("rateloop", "rateloop-zero"):
+    if strategy in ("rateloop", "rateloop-zero", "rateloop-burst"):
         import httpx
 
         from rateloop import AsyncRateLoop, Cost, Route
@@ -94,10 +95,13 @@ def make_caller(strategy: str, url: str, cfg: dict[str, Any], processes: int) ->
         from rateloop.policy import Policy
 
         route = Route(provider="openai", model=MODEL)
+        # rateloop-burst is also told the provider's burst (2 s here) instead of
+        # pacing at the profile's 1 s.
+        burst = cfg["burst"] / 60 if strategy == "rateloop-burst" else None
         limits = (
             {route.provider_scope: LimitSpec(requests_per_minute=cfg["rpm"],
-                                             tokens_per_minute=cfg["tpm"])}
-            if strategy == "rateloop"
+                                             tokens_per_minute=cfg["tpm"], burst=burst)}
+            if strategy != "rateloop-zero"
             else {}
         )
         if processes > 1:
@@ -279,7 +283,9 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
-    parser.add_argument("--strategies", default="rateloop,rateloop-zero,tenacity,litellm")
+    parser.add_argument(
+        "--strategies", default="rateloop,rateloop-burst,rateloop-zero,tenacity,litellm"
+    )
     parser.add_argument("--processes", default="1,4")
     parser.add_argument("--rpm", type=int, default=1_200, help="20 requests a second")
     parser.add_argument("--tpm", type=int, default=1_200_000, help="20k tokens a second")

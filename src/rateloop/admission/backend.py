@@ -98,5 +98,5 @@ def _redis(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
 
 
 register_backend("memory", _memory)
-for _scheme in ("redis", "rediss", "unix"):
+for _scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
     register_backend(_scheme, _redis)

@@ -55,6 +55,8 @@ from rateloop.signal import Dimension
 try:
     import redis
     import redis.asyncio as aredis
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
     from redis.commands.core import AsyncScript, Script
     from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -102,7 +104,15 @@ class RedisBackend:
         socket_connect_timeout: float | None = None,
         **options: Any,
     ) -> None:
-        self._raw_url = url
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(
+                f"a Redis key prefix may not contain braces (they make the cluster hash tag), "
+                f"got {prefix!r}"
+            )
+        scheme, sep, rest = url.partition("://")
+        # redis+cluster:// (or rediss+cluster://): a Redis Cluster, through any of its nodes.
+        self.cluster = scheme.lower().endswith("+cluster")
+        self._raw_url = f"{scheme.lower().removesuffix('+cluster')}{sep}{rest}"
         self.url = redact_url(url)
         self.prefix = prefix
         self._options: dict[str, Any] = {
@@ -113,12 +123,13 @@ class RedisBackend:
         }
         self._texts = {name: _script_text(name) for name in _SCRIPTS}
         self._lock = threading.Lock()
-        self._client: redis.Redis | None = None
+        self._client: redis.Redis | RedisCluster | None = None
         self._scripts: dict[str, Script] = {}
         # redis.asyncio connections belong to one event loop: one client per loop.
         self._plan_cache: dict[int, _EncodedPlan] = {}
         self._aclients: dict[
-            asyncio.AbstractEventLoop, tuple[aredis.Redis, dict[str, AsyncScript]]
+            asyncio.AbstractEventLoop,
+            tuple[aredis.Redis | AsyncRedisCluster, dict[str, AsyncScript]],
         ] = {}
 
     def __repr__(self) -> str:
@@ -130,7 +141,11 @@ class RedisBackend:
         if self._client is None:
             with self._lock:  # threads racing on first use build one client
                 if self._client is None:
-                    client = redis.Redis.from_url(self._raw_url, **self._options)
+                    client: redis.Redis | RedisCluster = (
+                        RedisCluster.from_url(self._raw_url, **self._options)
+                        if self.cluster
+                        else redis.Redis.from_url(self._raw_url, **self._options)
+                    )
                     self._scripts = {n: client.register_script(t) for n, t in self._texts.items()}
                     self._client = client
         return self._scripts
@@ -146,7 +161,11 @@ class RedisBackend:
                     del self._aclients[dead]  # its loop is gone; aclose() was not called
                 entry = self._aclients.get(loop)
                 if entry is None:
-                    client = aredis.Redis.from_url(self._raw_url, **self._options)
+                    client: aredis.Redis | AsyncRedisCluster = (
+                        AsyncRedisCluster.from_url(self._raw_url, **self._options)
+                        if self.cluster
+                        else aredis.Redis.from_url(self._raw_url, **self._options)
+                    )
                     scripts = {n: client.register_script(t) for n, t in self._texts.items()}
                     entry = self._aclients[loop] = (client, scripts)
         return entry[1]
@@ -196,7 +215,7 @@ class RedisBackend:
     def _call(self, name: str, keys: list[Any], args: list[Any], timeout: float | None) -> Any:
         script = self._sync_scripts()[name]
         client = script.registered_client
-        if timeout is None:
+        if timeout is None or self.cluster:  # a cluster client keeps its socket timeout
             try:
                 return client.evalsha(script.sha, len(keys), *keys, *args)
             except NoScriptError:
@@ -204,7 +223,7 @@ class RedisBackend:
                 # sends the text and caches it, so the next EVALSHA finds it.
                 return client.eval(self._texts[name], len(keys), *keys, *args)
         # The caller's deadline bounds this round trip, not the client's socket timeout.
-        if self._client is None:  # pragma: no cover - _sync_scripts() just built it
+        if not isinstance(self._client, redis.Redis):  # pragma: no cover - built above
             raise redis.ConnectionError("no client")
         pool = self._client.connection_pool
         conn: Any = pool.get_connection()  # redis-py's Connection methods are untyped
