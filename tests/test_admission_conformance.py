@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from rateloop.admission.gcra import DAY
 from rateloop.admission.limiter import Limiter
+from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import AdmissionTimeout, Denied, Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
@@ -70,10 +72,16 @@ def denied(result: Reservation | Denied) -> Denied:
 
 def test_burst_then_continuous_refill_wait(limiter: Limiter) -> None:
     limiter.set_limits(MODEL, minute_spec(requests_per_minute=120, burst=0.5))
-    assert fill(limiter, ROUTE, Cost()) == 60
+    start = time.monotonic()
+    granted = fill(limiter, ROUTE, Cost())
+    # Redis time moves while 60 admissions run (2 refill a second): on a loaded
+    # machine one more may fit.  The memory backend's clock is fake: exactly 60.
+    assert 60 <= granted <= 60 + 2 * (time.monotonic() - start) + 1
     d = denied(limiter.try_reserve(ROUTE, Cost()))
     assert (d.scope, d.dimension, d.never_fits) == (MODEL, Dimension.REQUESTS, False)
-    assert d.retry_after == pytest.approx(0.5, abs=TOL)
+    if isinstance(limiter.backend, MemoryBackend):
+        assert granted == 60 and d.retry_after == pytest.approx(0.5)
+    assert 0 < d.retry_after <= 0.5 + 1e-6
 
 
 def test_all_dimensions_of_all_scopes_or_none(limiter: Limiter) -> None:
