@@ -12,8 +12,6 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 
 import rateloop
@@ -23,21 +21,12 @@ from rateloop.testing import FakeClock
 from transport_server import ANTHROPIC_OVERLOADED, ScriptedProvider, Step, anthropic_stream_events
 
 MESSAGES = [{"role": "user", "content": "say hello"}]
-_OPEN: list[Any] = []
 
 
 @pytest.fixture
 def server() -> Iterator[ScriptedProvider]:
-    with ScriptedProvider() as provider:
-        try:
-            yield provider
-        finally:
-            while _OPEN:
-                client = _OPEN.pop()
-                if isinstance(client, openai.AsyncOpenAI | anthropic.AsyncAnthropic):
-                    asyncio.run(client.close())
-                else:
-                    client.close()
+    with ScriptedProvider() as provider:  # closes the clients it keeps
+        yield provider
 
 
 def _one_at_a_time(clock: FakeClock, model: str) -> Limiter:
@@ -51,7 +40,7 @@ def _openai(server: ScriptedProvider, clock: FakeClock, **ours: Any) -> Any:
     client = rateloop.openai_client(
         base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0, **ours
     )
-    _OPEN.append(client)
+    server.keep(client)
     return client
 
 
@@ -59,7 +48,7 @@ def _anthropic(server: ScriptedProvider, clock: FakeClock, **ours: Any) -> Any:
     client = rateloop.anthropic_client(
         base_url=server.url, api_key="sk-ant-test", clock=clock, timeout=10.0, **ours
     )
-    _OPEN.append(client)
+    server.keep(client)
     return client
 
 
