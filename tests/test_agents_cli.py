@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,28 +10,14 @@ from typing import Any
 
 import pytest
 
-import rateloop
+from agent_scripts.harness import cli_env, install_agent
 
-SCRIPT = Path(__file__).parent / "agent_scripts" / "fake_agent.py"
 RATE_LIMITED = {"stderr": "429 Too Many Requests: you hit your rate limit\n", "exit": 1}
-SRC = str(Path(rateloop.__file__).resolve().parent.parent)
 
 
 def _agent(tmp_path: Path, name: str, script: list[dict[str, Any]]) -> tuple[Path, dict[str, str]]:
-    path = tmp_path / name
-    path.write_text(f"#!{sys.executable}\n" + SCRIPT.read_text())
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    (tmp_path / "script.json").write_text(json.dumps(script))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATELOOP_", "AMPLIHACK_"))}
-    env.update(
-        FAKE_AGENT_COUNTER=str(tmp_path / "count"),
-        FAKE_AGENT_SCRIPT=str(tmp_path / "script.json"),
-        FAKE_AGENT_CALLS=str(tmp_path / "calls.jsonl"),
-        FAKE_AGENT_PIDS=str(tmp_path / "pids"),
-        RATELOOP_BASE_DELAY_SECS="0",
-        PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
-    )
-    return path, env
+    agent = install_agent(tmp_path, name, script, flat=True)
+    return agent.path, cli_env(agent.env, RATELOOP_BASE_DELAY_SECS="0")
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent_scripts.harness import FakeAgent, install_agent
+from agent_scripts.harness import FakeAgent, cli_env, install_agent
 from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.banner import WAIT_CHUNK_SECS, wait_until
 from rateloop.agents.settings import parse_wait_limit
@@ -252,8 +252,7 @@ def _cli(
     tmp_path: Path, script: list[dict[str, Any]], *args: str
 ) -> subprocess.CompletedProcess[str]:
     agent = install_agent(tmp_path, "claude", script)
-    env = {k: v for k, v in agent.env.items() if not k.startswith(("RATELOOP_", "AMPLIHACK_"))}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "src")
+    env = cli_env(agent.env)
     argv = [a.replace("AGENT", str(agent.path)) for a in args]
     return subprocess.run(
         [sys.executable, "-m", "rateloop", "run", *argv],
