@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent_scripts.harness import cli_env, install_agent
+from agent_scripts.harness import cli_env, install_agent, rateloop_run
 
 RATE_LIMITED = {"stderr": "429 Too Many Requests: you hit your rate limit\n", "exit": 1}
 
@@ -18,17 +18,6 @@ RATE_LIMITED = {"stderr": "429 Too Many Requests: you hit your rate limit\n", "e
 def _agent(tmp_path: Path, name: str, script: list[dict[str, Any]]) -> tuple[Path, dict[str, str]]:
     agent = install_agent(tmp_path, name, script, flat=True)
     return agent.path, cli_env(agent.env, RATELOOP_BASE_DELAY_SECS="0")
-
-
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rateloop", "run", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _runs(tmp_path: Path) -> int:
@@ -41,7 +30,7 @@ def test_success_prints_only_the_winning_output(tmp_path: Path) -> None:
         "claude",
         [{"stdout": "junk from a failed try\n", **RATE_LIMITED}, {"stdout": "42\n"}],
     )
-    done = _run(["--", str(path), "-p", "answer"], env)
+    done = rateloop_run(["--", str(path), "-p", "answer"], env)
     assert (done.returncode, done.stdout) == (0, "42\n")
     assert _runs(tmp_path) == 2
     assert "Waiting 0s before retry 1/5 (attempt 2 of 6) ..." in done.stderr
@@ -50,7 +39,7 @@ def test_success_prints_only_the_winning_output(tmp_path: Path) -> None:
 def test_exhausted_exits_75_with_the_exact_message(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "copilot", [RATE_LIMITED])
     env["RATELOOP_MAX_RETRIES"] = "3"
-    done = _run(["--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--", str(path), "-p", "x"], env)
     assert done.returncode == 75
     assert done.stdout == ""
     assert _runs(tmp_path) == 4
@@ -63,7 +52,7 @@ def test_exhausted_exits_75_with_the_exact_message(tmp_path: Path) -> None:
 
 def test_other_failures_exit_with_the_childs_code(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [{"stderr": "Invalid API key\n", "exit": 2}])
-    done = _run(["--label", "review step", "--", str(path)], env)
+    done = rateloop_run(["--label", "review step", "--", str(path)], env)
     assert done.returncode == 2
     assert _runs(tmp_path) == 1
     assert done.stderr.endswith("Error: review step failed (exit 2)\n")
@@ -72,14 +61,14 @@ def test_other_failures_exit_with_the_childs_code(tmp_path: Path) -> None:
 def test_flags_beat_env_and_aliases_are_read(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [RATE_LIMITED])
     env["RATELOOP_MAX_RETRIES"] = "4"
-    done = _run(["--max-retries", "1", "--", str(path)], env)
+    done = rateloop_run(["--max-retries", "1", "--", str(path)], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 2)
 
     (tmp_path / "count").unlink()
     del env["RATELOOP_MAX_RETRIES"]
     env["AMPLIHACK_RATELIMIT_MAX_RETRIES"] = "2"
     env["AMPLIHACK_RATELIMIT_FALLBACK_AUTO_MODEL"] = "1"
-    done = _run(["--model", "opus", "--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--model", "opus", "--", str(path), "-p", "x"], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 3)
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls[-3:] == [
@@ -92,7 +81,7 @@ def test_flags_beat_env_and_aliases_are_read(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="POSIX process groups")
 def test_timeout_exits_124(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "gemini", [{"sleep": 30}])
-    done = _run(["--timeout", "1", "--", str(path)], env)
+    done = rateloop_run(["--timeout", "1", "--", str(path)], env)
     assert done.returncode == 124
     assert _runs(tmp_path) == 1
     assert "Error: gemini timed out after 1s on attempt 1 of 6" in done.stderr
@@ -100,11 +89,11 @@ def test_timeout_exits_124(tmp_path: Path) -> None:
 
 def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [{"stdout": "never"}])
-    done = _run(["--timeout", "-3", "--", str(path)], env)
+    done = rateloop_run(["--timeout", "-3", "--", str(path)], env)
     assert done.returncode == 2
     assert "--timeout" in done.stderr and "-3" in done.stderr
     assert not (tmp_path / "count").exists()
-    done = _run(["--agent", "gpt", "--", str(path)], env)
+    done = rateloop_run(["--agent", "gpt", "--", str(path)], env)
     assert done.returncode == 2
     assert "gpt" in done.stderr
 
@@ -114,12 +103,12 @@ def test_policy_file_sits_below_env_and_flags(tmp_path: Path) -> None:
     policy = tmp_path / "rateloop.toml"
     policy.write_text("[agents]\nmax_retries = 2\nbase_delay_secs = 1\n")
     # RATELOOP_BASE_DELAY_SECS=0 (env) beats the file's 1 s; max_retries comes from the file.
-    done = _run(["--policy", str(policy), "--", str(path)], env)
+    done = rateloop_run(["--policy", str(policy), "--", str(path)], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 3)
     assert "Waiting 0s before retry 2/2 (attempt 3 of 3)" in done.stderr
 
     policy.write_text("[agents]\nmax_retries = -1\n")
-    done = _run(["--policy", str(policy), "--", str(path)], env)
+    done = rateloop_run(["--policy", str(policy), "--", str(path)], env)
     assert done.returncode == 2
     assert "agents.max_retries" in done.stderr
     assert _runs(tmp_path) == 3  # nothing ran
@@ -158,7 +147,7 @@ def test_environment_knobs_end_to_end(
 ) -> None:
     path, env = _agent(tmp_path, "copilot", [RATE_LIMITED])
     env.update(env_extra)
-    done = _run(["--", str(path)], env)
+    done = rateloop_run(["--", str(path)], env)
     assert done.returncode == 75
     assert _runs(tmp_path) == runs
     assert f"({runs} attempts total)" in done.stderr
@@ -170,7 +159,7 @@ def test_a_failure_shows_the_agents_own_last_lines(tmp_path: Path) -> None:
     path, env = _agent(
         tmp_path, "claude", [{"stdout": f"Invalid API key · Please run /login\n{key}\n", "exit": 1}]
     )
-    done = _run(["--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--", str(path), "-p", "x"], env)
     assert done.returncode == 1
     assert done.stderr == (
         "--- last 2 lines of claude's stdout ---\n"

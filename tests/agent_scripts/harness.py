@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,18 @@ def cli_env(agent_env: dict[str, str], **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
     env.update(extra)
     return env
+
+
+def rateloop_run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m rateloop run ARGS`` to completion (60 s at most), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "rateloop", "run", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def is_gone(pid: int) -> bool:
