@@ -18,11 +18,18 @@ from pathlib import Path
 
 import pytest
 
+# A cluster node also listens on its port + 10000, so redis-server refuses ports above this.
+_MAX_CLUSTER_PORT = 55535
+
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A free loopback port a cluster node can use too (the OS's ephemeral range reaches 60999)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port <= _MAX_CLUSTER_PORT:
+            return port
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

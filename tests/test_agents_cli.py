@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -12,39 +10,14 @@ from typing import Any
 
 import pytest
 
-import rateloop
+from agent_scripts.harness import cli_env, install_agent, rateloop_run
 
-SCRIPT = Path(__file__).parent / "agent_scripts" / "fake_agent.py"
 RATE_LIMITED = {"stderr": "429 Too Many Requests: you hit your rate limit\n", "exit": 1}
-SRC = str(Path(rateloop.__file__).resolve().parent.parent)
 
 
 def _agent(tmp_path: Path, name: str, script: list[dict[str, Any]]) -> tuple[Path, dict[str, str]]:
-    path = tmp_path / name
-    path.write_text(f"#!{sys.executable}\n" + SCRIPT.read_text())
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    (tmp_path / "script.json").write_text(json.dumps(script))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATELOOP_", "AMPLIHACK_"))}
-    env.update(
-        FAKE_AGENT_COUNTER=str(tmp_path / "count"),
-        FAKE_AGENT_SCRIPT=str(tmp_path / "script.json"),
-        FAKE_AGENT_CALLS=str(tmp_path / "calls.jsonl"),
-        FAKE_AGENT_PIDS=str(tmp_path / "pids"),
-        RATELOOP_BASE_DELAY_SECS="0",
-        PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
-    )
-    return path, env
-
-
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rateloop", "run", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    agent = install_agent(tmp_path, name, script, flat=True)
+    return agent.path, cli_env(agent.env, RATELOOP_BASE_DELAY_SECS="0")
 
 
 def _runs(tmp_path: Path) -> int:
@@ -57,7 +30,7 @@ def test_success_prints_only_the_winning_output(tmp_path: Path) -> None:
         "claude",
         [{"stdout": "junk from a failed try\n", **RATE_LIMITED}, {"stdout": "42\n"}],
     )
-    done = _run(["--", str(path), "-p", "answer"], env)
+    done = rateloop_run(["--", str(path), "-p", "answer"], env)
     assert (done.returncode, done.stdout) == (0, "42\n")
     assert _runs(tmp_path) == 2
     assert "Waiting 0s before retry 1/5 (attempt 2 of 6) ..." in done.stderr
@@ -66,7 +39,7 @@ def test_success_prints_only_the_winning_output(tmp_path: Path) -> None:
 def test_exhausted_exits_75_with_the_exact_message(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "copilot", [RATE_LIMITED])
     env["RATELOOP_MAX_RETRIES"] = "3"
-    done = _run(["--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--", str(path), "-p", "x"], env)
     assert done.returncode == 75
     assert done.stdout == ""
     assert _runs(tmp_path) == 4
@@ -79,7 +52,7 @@ def test_exhausted_exits_75_with_the_exact_message(tmp_path: Path) -> None:
 
 def test_other_failures_exit_with_the_childs_code(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [{"stderr": "Invalid API key\n", "exit": 2}])
-    done = _run(["--label", "review step", "--", str(path)], env)
+    done = rateloop_run(["--label", "review step", "--", str(path)], env)
     assert done.returncode == 2
     assert _runs(tmp_path) == 1
     assert done.stderr.endswith("Error: review step failed (exit 2)\n")
@@ -88,14 +61,14 @@ def test_other_failures_exit_with_the_childs_code(tmp_path: Path) -> None:
 def test_flags_beat_env_and_aliases_are_read(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [RATE_LIMITED])
     env["RATELOOP_MAX_RETRIES"] = "4"
-    done = _run(["--max-retries", "1", "--", str(path)], env)
+    done = rateloop_run(["--max-retries", "1", "--", str(path)], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 2)
 
     (tmp_path / "count").unlink()
     del env["RATELOOP_MAX_RETRIES"]
     env["AMPLIHACK_RATELIMIT_MAX_RETRIES"] = "2"
     env["AMPLIHACK_RATELIMIT_FALLBACK_AUTO_MODEL"] = "1"
-    done = _run(["--model", "opus", "--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--model", "opus", "--", str(path), "-p", "x"], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 3)
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls[-3:] == [
@@ -108,7 +81,7 @@ def test_flags_beat_env_and_aliases_are_read(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="POSIX process groups")
 def test_timeout_exits_124(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "gemini", [{"sleep": 30}])
-    done = _run(["--timeout", "1", "--", str(path)], env)
+    done = rateloop_run(["--timeout", "1", "--", str(path)], env)
     assert done.returncode == 124
     assert _runs(tmp_path) == 1
     assert "Error: gemini timed out after 1s on attempt 1 of 6" in done.stderr
@@ -116,11 +89,11 @@ def test_timeout_exits_124(tmp_path: Path) -> None:
 
 def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     path, env = _agent(tmp_path, "claude", [{"stdout": "never"}])
-    done = _run(["--timeout", "-3", "--", str(path)], env)
+    done = rateloop_run(["--timeout", "-3", "--", str(path)], env)
     assert done.returncode == 2
     assert "--timeout" in done.stderr and "-3" in done.stderr
     assert not (tmp_path / "count").exists()
-    done = _run(["--agent", "gpt", "--", str(path)], env)
+    done = rateloop_run(["--agent", "gpt", "--", str(path)], env)
     assert done.returncode == 2
     assert "gpt" in done.stderr
 
@@ -130,12 +103,12 @@ def test_policy_file_sits_below_env_and_flags(tmp_path: Path) -> None:
     policy = tmp_path / "rateloop.toml"
     policy.write_text("[agents]\nmax_retries = 2\nbase_delay_secs = 1\n")
     # RATELOOP_BASE_DELAY_SECS=0 (env) beats the file's 1 s; max_retries comes from the file.
-    done = _run(["--policy", str(policy), "--", str(path)], env)
+    done = rateloop_run(["--policy", str(policy), "--", str(path)], env)
     assert (done.returncode, _runs(tmp_path)) == (75, 3)
     assert "Waiting 0s before retry 2/2 (attempt 3 of 3)" in done.stderr
 
     policy.write_text("[agents]\nmax_retries = -1\n")
-    done = _run(["--policy", str(policy), "--", str(path)], env)
+    done = rateloop_run(["--policy", str(policy), "--", str(path)], env)
     assert done.returncode == 2
     assert "agents.max_retries" in done.stderr
     assert _runs(tmp_path) == 3  # nothing ran
@@ -174,7 +147,7 @@ def test_environment_knobs_end_to_end(
 ) -> None:
     path, env = _agent(tmp_path, "copilot", [RATE_LIMITED])
     env.update(env_extra)
-    done = _run(["--", str(path)], env)
+    done = rateloop_run(["--", str(path)], env)
     assert done.returncode == 75
     assert _runs(tmp_path) == runs
     assert f"({runs} attempts total)" in done.stderr
@@ -186,7 +159,7 @@ def test_a_failure_shows_the_agents_own_last_lines(tmp_path: Path) -> None:
     path, env = _agent(
         tmp_path, "claude", [{"stdout": f"Invalid API key · Please run /login\n{key}\n", "exit": 1}]
     )
-    done = _run(["--", str(path), "-p", "x"], env)
+    done = rateloop_run(["--", str(path), "-p", "x"], env)
     assert done.returncode == 1
     assert done.stderr == (
         "--- last 2 lines of claude's stdout ---\n"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent_scripts.harness import FakeAgent, install_agent
+from agent_scripts.harness import FakeAgent, cli_env, install_agent, rateloop_run
 from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.banner import WAIT_CHUNK_SECS, wait_until
 from rateloop.agents.settings import parse_wait_limit
@@ -252,17 +251,8 @@ def _cli(
     tmp_path: Path, script: list[dict[str, Any]], *args: str
 ) -> subprocess.CompletedProcess[str]:
     agent = install_agent(tmp_path, "claude", script)
-    env = {k: v for k, v in agent.env.items() if not k.startswith(("RATELOOP_", "AMPLIHACK_"))}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "src")
     argv = [a.replace("AGENT", str(agent.path)) for a in args]
-    return subprocess.run(
-        [sys.executable, "-m", "rateloop", "run", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return rateloop_run(argv, cli_env(agent.env))
 
 
 @pytest.mark.parametrize(

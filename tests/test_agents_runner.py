@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent_scripts.harness import FakeAgent, install_agent
+from agent_scripts.harness import FakeAgent, install_agent, is_gone
 from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.settings import SettingsLayer, resolve_settings
 from rateloop.events import RecordingSink
@@ -237,15 +237,6 @@ def test_oversize_stdout_fails_clearly(install: Install) -> None:
     assert "its stdout is 5000 bytes, over the limit of 4096 bytes" in err.getvalue()
 
 
-def _is_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (exited, or a zombie waiting for its reaper)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return fields[0] in ("Z", "X")
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see the grandchild")
 def test_timeout_kills_the_process_group_and_is_not_retried(install: Install) -> None:
     agent = install(
@@ -264,7 +255,7 @@ def test_timeout_kills_the_process_group_and_is_not_retried(install: Install) ->
     assert exit_code_for(outcome) == 124
     assert isinstance(outcome.value, StepFailure) and outcome.value.timed_out
     pids = [int(p) for p in (agent.state / "pids").read_text().split()]
-    assert pids and all(_is_gone(pid) for pid in pids)
+    assert pids and all(is_gone(pid) for pid in pids)
     assert "Error: claude timed out after 1s on attempt 1 of 6" in err.getvalue()
 
 

@@ -8,10 +8,8 @@ process and bounded by a timeout.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -22,32 +20,19 @@ from typing import Any
 
 import pytest
 
-import rateloop
+from agent_scripts.harness import cli_env, install_agent, is_gone
 from rateloop.agents.process import run_attempt
 from rateloop.agents.signals import StepInterrupted, hold_stop_signals, stop_on_signals
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for process state")
 
-SCRIPT = Path(__file__).parent / "agent_scripts" / "fake_agent.py"
-SRC = str(Path(rateloop.__file__).resolve().parent.parent)
 # The agent: its own pid, a grandchild that ignores SIGTERM, then a minute of work.
 WORKING = {"record_pid": True, "grandchild": True, "stderr": "working\n", "sleep": 60}
 
 
 def _agent(tmp_path: Path, script: list[dict[str, Any]]) -> tuple[Path, dict[str, str]]:
-    path = tmp_path / "claude"
-    path.write_text(f"#!{sys.executable}\n" + SCRIPT.read_text())
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    (tmp_path / "script.json").write_text(json.dumps(script))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RATELOOP_", "AMPLIHACK_"))}
-    env.update(
-        FAKE_AGENT_COUNTER=str(tmp_path / "count"),
-        FAKE_AGENT_SCRIPT=str(tmp_path / "script.json"),
-        FAKE_AGENT_PIDS=str(tmp_path / "pids"),
-        FAKE_AGENT_SIGNALS=str(tmp_path / "signals"),
-        PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
-    )
-    return path, env
+    agent = install_agent(tmp_path, "claude", script, flat=True)
+    return agent.path, cli_env(agent.env)
 
 
 def _lines(path: Path) -> list[str]:
@@ -64,19 +49,10 @@ def _await_lines(path: Path, count: int, *, timeout: float = 30.0) -> list[str]:
     return _lines(path)
 
 
-def _is_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (exited, or a zombie waiting for its reaper)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return fields[0] in ("Z", "X")
-
-
 def _all_gone(pids: list[int], *, timeout: float = 5.0) -> bool:
     # The orphaned grandchild is reaped by init asynchronously; give it a moment.
     deadline = time.monotonic() + timeout
-    while not all(_is_gone(pid) for pid in pids):
+    while not all(is_gone(pid) for pid in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)

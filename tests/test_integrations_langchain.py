@@ -26,20 +26,20 @@ def _answers(n: int, used: int = 10) -> GenericFakeChatModel:
     )
 
 
-def _limiter(clock: FakeClock, tokens_per_minute: int) -> Limiter:
-    return Limiter.from_url(
+def _rate_limiter(clock: FakeClock, tokens_per_minute: int, cost: Cost) -> RateLoopRateLimiter:
+    """LangChain's limiter reserving ``cost`` on ``ROUTE``, over an in-memory token limit."""
+    limiter = Limiter.from_url(
         "memory://", clock=clock,
         limits={ROUTE.scope: LimitSpec(tokens_per_minute=tokens_per_minute, burst=1.0)},
     )
+    return RateLoopRateLimiter(limiter, route=ROUTE, cost=cost)
 
 
 def test_the_model_acquires_before_each_call_and_settles_after_it() -> None:
     # 100 tokens a minute, 50 reserved per call, 10 really used: settled, four calls
     # and one more reservation fit; unsettled, the third call would wait.
     clock = FakeClock()
-    limiter = RateLoopRateLimiter(
-        _limiter(clock, 100), route=ROUTE, cost=Cost(input_tokens=20, output_tokens=30)
-    )
+    limiter = _rate_limiter(clock, 100, Cost(input_tokens=20, output_tokens=30))
     model = _answers(4)
     model.rate_limiter = limiter
     for _ in range(4):
@@ -52,9 +52,7 @@ def test_the_model_acquires_before_each_call_and_settles_after_it() -> None:
 
 def test_without_the_usage_callback_the_estimate_holds_the_capacity() -> None:
     clock = FakeClock()
-    limiter = RateLoopRateLimiter(
-        _limiter(clock, 100), route=ROUTE, cost=Cost(input_tokens=20, output_tokens=40)
-    )
+    limiter = _rate_limiter(clock, 100, Cost(input_tokens=20, output_tokens=40))
     model = _answers(1)
     model.rate_limiter = limiter
     model.invoke("hi")
@@ -64,9 +62,7 @@ def test_without_the_usage_callback_the_estimate_holds_the_capacity() -> None:
 
 def test_a_blocking_acquire_waits_for_capacity_on_the_clock() -> None:
     clock = FakeClock()
-    limiter = RateLoopRateLimiter(
-        _limiter(clock, 60), route=ROUTE, cost=Cost(input_tokens=30, output_tokens=30)
-    )
+    limiter = _rate_limiter(clock, 60, Cost(input_tokens=30, output_tokens=30))
     assert limiter.acquire() is True
     assert limiter.acquire() is True  # waited (virtually) for the bucket to refill
     assert clock.monotonic() > 0
@@ -74,9 +70,7 @@ def test_a_blocking_acquire_waits_for_capacity_on_the_clock() -> None:
 
 def test_the_async_model_path_settles_too() -> None:
     clock = FakeClock()
-    limiter = RateLoopRateLimiter(
-        _limiter(clock, 100), route=ROUTE, cost=Cost(input_tokens=20, output_tokens=40)
-    )
+    limiter = _rate_limiter(clock, 100, Cost(input_tokens=20, output_tokens=40))
     model = _answers(4)
     model.rate_limiter = limiter
 

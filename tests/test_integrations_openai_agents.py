@@ -53,6 +53,15 @@ def server() -> Iterator[ScriptedProvider]:
         yield provider
 
 
+def _retrying_agent(client: Any) -> Agent[Any]:
+    """An agent whose model retries as ``retry_settings(FAST)`` tells the Agents SDK to."""
+    return Agent(
+        name="a",
+        model=OpenAIChatCompletionsModel("gpt-4o-mini", client),
+        model_settings=ModelSettings(retry=retry_settings(FAST)),
+    )
+
+
 def _run(agent: Agent[Any], client: Any) -> str:
     async def main() -> str:
         try:
@@ -83,11 +92,7 @@ def test_the_retry_policy_retries_a_plain_client_as_the_loop_would(
     server.add(Step(503, body={"error": {"message": "unavailable"}}),
                Step(429, {"retry-after": "30"}, RATE_LIMITED))
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-    agent = Agent(
-        name="a",
-        model=OpenAIChatCompletionsModel("gpt-4o-mini", client),
-        model_settings=ModelSettings(retry=retry_settings(FAST)),
-    )
+    agent = _retrying_agent(client)
     assert _run(agent, client) == "hello"
     assert server.count() == 3
     # 503: the backoff's first step (5 s, equal jitter); 429: the server's 30 s as a floor.
@@ -101,11 +106,7 @@ def test_the_retry_policy_does_not_retry_an_invalid_request(
 ) -> None:
     server.add(Step(400, body={"error": {"message": "bad request"}}))
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-    agent = Agent(
-        name="a",
-        model=OpenAIChatCompletionsModel("gpt-4o-mini", client),
-        model_settings=ModelSettings(retry=retry_settings(FAST)),
-    )
+    agent = _retrying_agent(client)
     with pytest.raises(openai.BadRequestError):
         _run(agent, client)
     assert server.count() == 1
@@ -120,11 +121,7 @@ def test_the_retry_policy_never_stacks_on_the_transports_retries(
         base_url=server.url + "/v1", api_key="sk-test", clock=FakeClock(),
         policy=Policy(max_attempts=2),
     )
-    agent = Agent(
-        name="a",
-        model=OpenAIChatCompletionsModel("gpt-4o-mini", client),
-        model_settings=ModelSettings(retry=retry_settings(FAST)),
-    )
+    agent = _retrying_agent(client)
     with pytest.raises(openai.RateLimitError):
         _run(agent, client)
     assert server.count() == 2  # the transport's two attempts; the runner added none

@@ -28,17 +28,12 @@ MESSAGES = [{"role": "user", "content": "say hello"}]
 RATE_LIMITED = {"error": {"type": "rate_limit_error", "message": "Rate limit reached"}}
 
 
-_OPEN: list[Any] = []
 
 
 @pytest.fixture
 def server() -> Iterator[ScriptedProvider]:
-    with ScriptedProvider() as provider:
-        try:
-            yield provider
-        finally:
-            while _OPEN:
-                _OPEN.pop().close()
+    with ScriptedProvider() as provider:  # closes the clients it keeps
+        yield provider
 
 
 def _client(
@@ -47,7 +42,7 @@ def _client(
     client = rateloop.openai_client(
         base_url=server.url + "/v1", api_key=api_key, clock=clock, timeout=10.0, **ours
     )
-    _OPEN.append(client)
+    server.keep(client)
     return client
 
 
@@ -306,7 +301,7 @@ def test_a_non_model_post_that_may_have_applied_is_not_retried(
     client = httpx2.Client(
         transport=rl_httpx2.RateLoopTransport(clock=FakeClock()), base_url=server.url
     )
-    _OPEN.append(client)
+    server.keep(client)
     with pytest.raises(httpx2.TransportError) as caught:
         client.post("/v1/files", json={"purpose": "batch"})
     outcome = caught.value.rateloop_outcome  # type: ignore[attr-defined]
@@ -324,7 +319,7 @@ def test_each_package_transport_retries_and_settles(
     module = rl_httpx if hx is httpx else rl_httpx2
     server.add(Step(429, {"retry-after": "1"}, RATE_LIMITED))
     client = hx.Client(transport=module.RateLoopTransport(clock=FakeClock()), base_url=server.url)
-    _OPEN.append(client)
+    server.keep(client)
     response = client.post(
         "/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
         headers={"authorization": "Bearer k"},
@@ -438,7 +433,7 @@ def test_the_body_deadline_does_not_shorten_the_next_attempts_wait_for_headers(
     transport.inner = Spy()
     server.add(Step(503))
     client = httpx2.Client(transport=transport, base_url=server.url, timeout=30.0)
-    _OPEN.append(client)
+    server.keep(client)
     assert client.post("/v1/chat/completions", json={"model": "m"}).status_code == 200
     assert seen == [30.0, 30.0]
 
@@ -473,7 +468,7 @@ def test_a_ready_client_takes_a_loop_for_its_policy_clock_and_sinks(
     loop = rateloop.RateLoop(rateloop.Policy(max_attempts=2), clock=FakeClock(), sinks=[sink])
     server.default = Step(429, body=RATE_LIMITED)
     client = rateloop.openai_client(base_url=server.url + "/v1", api_key="k", loop=loop)
-    _OPEN.append(client)
+    server.keep(client)
     with pytest.raises(openai.RateLimitError):
         _call(client)
     assert server.count() == 2

@@ -12,8 +12,6 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 
 import rateloop
@@ -23,21 +21,12 @@ from rateloop.testing import FakeClock
 from transport_server import ANTHROPIC_OVERLOADED, ScriptedProvider, Step, anthropic_stream_events
 
 MESSAGES = [{"role": "user", "content": "say hello"}]
-_OPEN: list[Any] = []
 
 
 @pytest.fixture
 def server() -> Iterator[ScriptedProvider]:
-    with ScriptedProvider() as provider:
-        try:
-            yield provider
-        finally:
-            while _OPEN:
-                client = _OPEN.pop()
-                if isinstance(client, openai.AsyncOpenAI | anthropic.AsyncAnthropic):
-                    asyncio.run(client.close())
-                else:
-                    client.close()
+    with ScriptedProvider() as provider:  # closes the clients it keeps
+        yield provider
 
 
 def _one_at_a_time(clock: FakeClock, model: str) -> Limiter:
@@ -51,15 +40,30 @@ def _openai(server: ScriptedProvider, clock: FakeClock, **ours: Any) -> Any:
     client = rateloop.openai_client(
         base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0, **ours
     )
-    _OPEN.append(client)
+    server.keep(client)
     return client
+
+
+def _async_openai(server: ScriptedProvider, clock: FakeClock, **ours: Any) -> Any:
+    return rateloop.async_openai_client(
+        base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0, **ours
+    )
+
+
+async def _cancel_then_call_again(task: asyncio.Task[Any], client: Any) -> None:
+    """Cancel ``task`` mid-request, then make one more call (whose wait the test checks)."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    await client.close()
 
 
 def _anthropic(server: ScriptedProvider, clock: FakeClock, **ours: Any) -> Any:
     client = rateloop.anthropic_client(
         base_url=server.url, api_key="sk-ant-test", clock=clock, timeout=10.0, **ours
     )
-    _OPEN.append(client)
+    server.keep(client)
     return client
 
 
@@ -164,10 +168,7 @@ def test_a_cancelled_task_frees_its_streams_slot(server: ScriptedProvider) -> No
     server.add(Step(200, events=None, chunk_pause=0.5))
 
     async def main() -> None:
-        client = rateloop.async_openai_client(
-            base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0,
-            limiter=limiter, sinks=[sink],
-        )
+        client = _async_openai(server, clock, limiter=limiter, sinks=[sink])
         first = asyncio.Event()
 
         async def consume() -> None:
@@ -179,11 +180,7 @@ def test_a_cancelled_task_frees_its_streams_slot(server: ScriptedProvider) -> No
 
         task = asyncio.create_task(consume())
         await asyncio.wait_for(first.wait(), 10)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
-        await client.close()
+        await _cancel_then_call_again(task, client)
 
     asyncio.run(main())
     _no_admission_wait(sink, clock)
@@ -197,20 +194,13 @@ def test_cancelling_a_request_in_flight_releases_its_reservation(
     server.add(Step(200, stall=3.0))
 
     async def main() -> None:
-        client = rateloop.async_openai_client(
-            base_url=server.url + "/v1", api_key="sk-test", clock=clock, timeout=10.0,
-            limiter=limiter, sinks=[sink],
-        )
+        client = _async_openai(server, clock, limiter=limiter, sinks=[sink])
         task = asyncio.create_task(
             client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
         )
         while server.count() == 0:  # the request reached the server
             await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
-        await client.close()
+        await _cancel_then_call_again(task, client)
 
     asyncio.run(main())
     _no_admission_wait(sink, clock)

@@ -207,11 +207,16 @@ def test_prometheus_counts_admission_waits_and_a_capacity_deadline_miss() -> Non
     assert value(sink, "rateloop_capacity_total", result="rejected_local") == 1
 
 
-def test_prometheus_tells_a_remote_deadline_miss_from_an_admission_refusal() -> None:
+def _metered_loop() -> tuple[PrometheusSink, Limiter, RateLoop]:
+    """A loop admitting 60 requests a minute on ``A``, counted by a PrometheusSink."""
     clock = FakeClock()
     sink = PrometheusSink(clock=clock)
     limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=60)}, clock=clock)
-    loop = RateLoop(policy(), limiter=limiter, clock=clock, sinks=[sink])
+    return sink, limiter, RateLoop(policy(), limiter=limiter, clock=clock, sinks=[sink])
+
+
+def test_prometheus_tells_a_remote_deadline_miss_from_an_admission_refusal() -> None:
+    sink, _, loop = _metered_loop()
     # The server asks for 30 s, the deadline is 5 s away: the provider refused (remote).
     out = loop.call(FaultScript([throttle("30")]), route=A, deadline=5.0)
     assert out.status is Status.WAITING_FOR_CAPACITY
@@ -221,10 +226,7 @@ def test_prometheus_tells_a_remote_deadline_miss_from_an_admission_refusal() -> 
 
 
 def test_prometheus_counts_a_retry_refused_by_admission_as_local() -> None:
-    clock = FakeClock()
-    sink = PrometheusSink(clock=clock)
-    limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=60)}, clock=clock)
-    loop = RateLoop(policy(), limiter=limiter, clock=clock, sinks=[sink])
+    sink, limiter, loop = _metered_loop()
 
     def throttled_while_another_worker_pauses(route: Route) -> Any:
         limiter.pause(A.provider_scope, 600.0, "another worker")

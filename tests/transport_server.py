@@ -8,7 +8,9 @@ chat completions, Anthropic messages, Gemini generateContent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import socket
 import threading
@@ -155,6 +157,7 @@ class ScriptedProvider:
         self.max_in_flight = 0
         # ("start" | "answer" | "end", request number); "answer" precedes the body's bytes.
         self.log: list[tuple[str, int]] = []
+        self._clients: list[Any] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -178,9 +181,19 @@ class ScriptedProvider:
         self._thread.start()
         return self
 
+    def keep(self, client: Any) -> None:
+        """Close ``client`` (sync or async) before the server stops."""
+        self._clients.append(client)
+
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        try:
+            while self._clients:
+                closing = self._clients.pop().close()
+                if inspect.iscoroutine(closing):
+                    asyncio.run(closing)
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
 
     def _next(self, seen: Seen) -> Step:
         with self._lock:

@@ -196,15 +196,15 @@ def error_object(data: Any) -> Mapping[str, Any] | None:
     return data
 
 
-def iter_strings(value: Any, depth: int = 0) -> Iterator[str]:
-    """Every string inside a JSON value (bounded depth)."""
-    if depth > 16:
+def iter_strings(value: Any, depth: int = 0, *, max_depth: int = 16) -> Iterator[str]:
+    """Every string inside a JSON value, down to ``max_depth`` levels of nesting."""
+    if depth > max_depth:
         return
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):
         for item in value.values():
-            yield from iter_strings(item, depth + 1)
+            yield from iter_strings(item, depth + 1, max_depth=max_depth)
     elif isinstance(value, list):
         for item in value:
-            yield from iter_strings(item, depth + 1)
+            yield from iter_strings(item, depth + 1, max_depth=max_depth)

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from rateloop.classify._core import classify
+from rateloop.classify._json import signal_dict
 from rateloop.classify.text import classify_text
 from rateloop.signal import Kind, LimitSignal
 
@@ -73,18 +74,7 @@ def meaning(signal: LimitSignal) -> str:
 def signal_as_dict(signal: LimitSignal) -> dict[str, Any]:
     """Every field of ``signal`` as JSON-ready values (datetimes in ISO 8601)."""
     return {
-        "kind": signal.kind.value,
-        "retryable": signal.retryable,
-        "retry_after": signal.retry_after,
-        "reset_at": signal.reset_at.isoformat() if signal.reset_at is not None else None,
-        "dimension": signal.dimension.value if signal.dimension is not None else None,
-        "provider": signal.provider,
-        "request_id": signal.request_id,
-        "status": signal.status,
-        "code": signal.code,
-        "matched": signal.matched,
-        "scope": signal.scope,
-        "operation": signal.operation,
+        **signal_dict(signal),
         "malformed": list(signal.malformed),
         "observed": [
             {

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from rateloop.classify._evidence import iter_strings
 from rateloop.route import Cost, Route
 
 __all__ = ["RequestPlan", "estimate_tokens", "key_fingerprint", "read_request"]
@@ -137,19 +138,6 @@ def _safe(name: str) -> str:
     return cleaned[:200] or _NO_MODEL
 
 
-def _strings(value: Any, depth: int = 0) -> Iterator[str]:
-    if depth > 12:
-        return
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from _strings(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item, depth + 1)
-
-
 @cache
 def _encoding(model: str) -> Any:
     """A tiktoken encoding when tiktoken is installed and its files are at hand; else None."""
@@ -183,7 +171,12 @@ def estimate_tokens(text: str, model: str = "") -> int:
 
 
 def _prompt_tokens(body: Mapping[str, Any], model: str) -> int:
-    texts = [s for key, value in body.items() if key in _PROMPT_KEYS for s in _strings(value)]
+    texts = [
+        s
+        for key, value in body.items()
+        if key in _PROMPT_KEYS
+        for s in iter_strings(value, max_depth=12)
+    ]
     messages = body.get("messages") or body.get("contents") or body.get("input")
     overhead = 4 * len(messages) if isinstance(messages, list) else 0
     return estimate_tokens("\n".join(texts), model) + overhead

@@ -95,6 +95,14 @@ class StreamHold:
     def failed(self) -> bool:
         return self.watch.error is not None
 
+    def pass_on(self, chunk: bytes) -> Iterator[bytes]:
+        """The bytes of ``chunk`` for the caller; then the error, if an event completed one."""
+        passed = self.check(chunk)
+        if passed:
+            yield passed
+        if self.failed:
+            self.check(b"")  # the error, after the bytes that came before it
+
 
 def _release_abandoned(box: list[Any]) -> None:
     """Finalizer of a stream dropped without closing: give its capacity back."""
@@ -105,22 +113,22 @@ def _release_abandoned(box: list[Any]) -> None:
             reservation.release()
 
 
-class SyncStreamBody:
-    """The body of a sync stream handed to the caller (mixed into the module's SyncByteStream)."""
+class _StreamBody:
+    """What both stream bodies hold: the inner stream, its hold, the abandonment finalizer."""
 
     def __init__(self, inner: Any, hold: StreamHold) -> None:
         self._inner = inner
         self._hold = hold
         weakref.finalize(self, _release_abandoned, hold.box)
 
+
+class SyncStreamBody(_StreamBody):
+    """The body of a sync stream handed to the caller (mixed into the module's SyncByteStream)."""
+
     def __iter__(self) -> Iterator[bytes]:
         try:
             for chunk in self._inner:
-                passed = self._hold.check(chunk)
-                if passed:
-                    yield passed
-                if self._hold.failed:
-                    self._hold.check(b"")  # the error, after the bytes that came before it
+                yield from self._hold.pass_on(chunk)
             self._hold.completed = True
         finally:
             self._hold.finish()
@@ -132,22 +140,14 @@ class SyncStreamBody:
             self._hold.finish()
 
 
-class AsyncStreamBody:
+class AsyncStreamBody(_StreamBody):
     """The body of an async stream handed to the caller; see :class:`SyncStreamBody`."""
-
-    def __init__(self, inner: Any, hold: StreamHold) -> None:
-        self._inner = inner
-        self._hold = hold
-        weakref.finalize(self, _release_abandoned, hold.box)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._inner:
-                passed = self._hold.check(chunk)
-                if passed:
-                    yield passed
-                if self._hold.failed:
-                    self._hold.check(b"")  # the error, after the bytes that came before it
+                for piece in self._hold.pass_on(chunk):
+                    yield piece
             self._hold.completed = True
         finally:
             # Also on task cancellation: the capacity goes back before the cancel goes on.

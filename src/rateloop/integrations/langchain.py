@@ -20,12 +20,10 @@ calls finish out of order.  Install with ``pip install 'rateloop[langchain]'``.
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from typing import Any
 
-from rateloop.admission import Limiter, Reservation
-from rateloop.route import Cost, Route
+from rateloop.admission import Reservation
+from rateloop.integrations._held import HeldReservations
 
 try:
     from langchain_core.callbacks import BaseCallbackHandler
@@ -38,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["RateLoopRateLimiter", "UsageSettler"]
 
 
-class RateLoopRateLimiter(BaseRateLimiter):
+class RateLoopRateLimiter(HeldReservations, BaseRateLimiter):
     """LangChain's rate limiter interface over a rateloop :class:`~rateloop.Limiter`.
 
     ``cost`` is what one call is expected to spend (requests, prompt tokens,
@@ -47,42 +45,20 @@ class RateLoopRateLimiter(BaseRateLimiter):
     past it :class:`~rateloop.AdmissionTimeout` is raised rather than waiting.
     """
 
-    def __init__(
-        self,
-        limiter: Limiter,
-        *,
-        route: Route,
-        cost: Cost | None = None,
-        priority: str = "interactive",
-        deadline: float | None = None,
-    ) -> None:
-        if not isinstance(route, Route):
-            raise TypeError(f"route must be a rateloop.Route, got {route!r}")
-        self.limiter = limiter
-        self.route = route
-        self.cost = cost if cost is not None else Cost()
-        self.priority = priority
-        self.deadline = deadline
-        self._open: deque[Reservation] = deque()
-        self._lock = threading.Lock()
-
     def __repr__(self) -> str:
         return f"RateLoopRateLimiter(route={self.route.scope!r}, cost={self.cost!r})"
 
     def _keep(self, reservation: Reservation) -> bool:
-        with self._lock:
-            self._open.append(reservation)
+        self._hold(reservation)
         return True
 
     def take_oldest(self) -> Reservation | None:
         """The oldest reservation not yet settled (the usage callback's side)."""
-        with self._lock:
-            return self._open.popleft() if self._open else None
+        return self._oldest()
 
     @property
     def open_reservations(self) -> int:
-        with self._lock:
-            return len(self._open)
+        return self._count()
 
     def acquire(self, *, blocking: bool = True) -> bool:
         if blocking:

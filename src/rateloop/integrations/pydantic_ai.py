@@ -24,13 +24,10 @@ slot.  Install with ``pip install 'rateloop[pydantic-ai]'``.
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from typing import Any
 
-from rateloop.admission import Limiter, Reservation
+from rateloop.integrations._held import HeldReservations
 from rateloop.integrations.clients import async_anthropic_client, async_openai_client
-from rateloop.route import Cost, Route
 
 try:
     from pydantic_ai.concurrency import AbstractConcurrencyLimiter
@@ -42,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["RateLoopConcurrencyLimiter", "anthropic_provider", "openai_provider"]
 
 
-class RateLoopConcurrencyLimiter(AbstractConcurrencyLimiter):
+class RateLoopConcurrencyLimiter(HeldReservations, AbstractConcurrencyLimiter):
     """pydantic-ai's concurrency limiter over a rateloop :class:`~rateloop.Limiter`.
 
     ``route`` names the pool: configure ``LimitSpec(concurrency=N)`` on its
@@ -51,44 +48,22 @@ class RateLoopConcurrencyLimiter(AbstractConcurrencyLimiter):
     wait (seconds), after which :class:`~rateloop.AdmissionTimeout` is raised.
     """
 
-    def __init__(
-        self,
-        limiter: Limiter,
-        *,
-        route: Route,
-        cost: Cost | None = None,
-        priority: str = "interactive",
-        deadline: float | None = None,
-    ) -> None:
-        if not isinstance(route, Route):
-            raise TypeError(f"route must be a rateloop.Route, got {route!r}")
-        self.limiter = limiter
-        self.route = route
-        self.cost = cost if cost is not None else Cost()
-        self.priority = priority
-        self.deadline = deadline
-        self._held: deque[Reservation] = deque()
-        self._lock = threading.Lock()
-
     def __repr__(self) -> str:
         return f"RateLoopConcurrencyLimiter(route={self.route.scope!r}, held={self.held})"
 
     @property
     def held(self) -> int:
         """Slots acquired and not yet released by this limiter."""
-        with self._lock:
-            return len(self._held)
+        return self._count()
 
     async def acquire(self, source: str) -> None:
         reservation = await self.limiter.areserve(
             self.route, self.cost, priority=self.priority, deadline=self.deadline
         )
-        with self._lock:
-            self._held.append(reservation)
+        self._hold(reservation)
 
     def release(self) -> None:
-        with self._lock:
-            reservation = self._held.popleft() if self._held else None
+        reservation = self._oldest()
         if reservation is not None:
             # The request stays counted; only the lease (and unused tokens) go back.
             reservation.release()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from rateloop.classify._json import signal_dict
 from rateloop.outcome import Attempts
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal
@@ -45,20 +46,8 @@ def _dt(text: Any) -> datetime | None:
 
 def signal_to_dict(signal: LimitSignal) -> dict[str, Any]:
     """The normalized signal, JSON-able (the evidence, never a request body)."""
-    return {
-        "kind": signal.kind.value,
-        "retryable": signal.retryable,
-        "retry_after": signal.retry_after,
-        "reset_at": _iso(signal.reset_at),
-        "dimension": signal.dimension.value if signal.dimension is not None else None,
-        "provider": signal.provider,
-        "request_id": signal.request_id,
-        "status": signal.status,
-        "code": signal.code,
-        "matched": signal.matched,
-        "scope": signal.scope,
-        "operation": signal.operation,
-    }
+    # Every time in a checkpoint is UTC; the key keeps its place in the dict.
+    return {**signal_dict(signal), "reset_at": _iso(signal.reset_at)}
 
 
 def signal_from_dict(data: dict[str, Any]) -> LimitSignal:

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from rateloop._clock import Clock, system_clock
-from rateloop.loop import AsyncRateLoop, Priority, RateLoop
+from rateloop.loop import AsyncRateLoop, CallOptions, Priority, RateLoop
 from rateloop.outcome import Outcome, Status
 from rateloop.route import Route
 from rateloop.tasks.definition import Task, TaskRegistry, registry
@@ -51,6 +51,21 @@ def _check_of(effect: RunStep) -> Callable[[Route], Any] | None:
     if check is None:
         return None
     return lambda route: check(ctx, route)
+
+
+def _call_options(effect: RunStep) -> CallOptions:
+    """The RATE loop's options for a routed step, the same for both runners."""
+    step = effect.step
+    return CallOptions(
+        cost=step.cost,
+        operation=step.operation,
+        idempotent=step.idempotent,
+        deadline=effect.deadline,
+        fallbacks=step.fallbacks,
+        priority=cast(Priority, effect.priority),
+        task_id=effect.context.task_id,
+        outcome_check=_check_of(effect),
+    )
 
 
 class _BaseRunner:
@@ -226,16 +241,7 @@ class TaskRunner(_BaseRunner):
         try:
             if step.route is not None:
                 out = self.loop.call(
-                    lambda route: step.fn(ctx, route),
-                    route=step.route,
-                    cost=step.cost,
-                    operation=step.operation,
-                    idempotent=step.idempotent,
-                    deadline=effect.deadline,
-                    fallbacks=step.fallbacks,
-                    priority=cast(Priority, effect.priority),
-                    task_id=ctx.task_id,
-                    outcome_check=_check_of(effect),
+                    lambda route: step.fn(ctx, route), route=step.route, **_call_options(effect)
                 )
             else:
                 value = step.fn(ctx)
@@ -362,16 +368,7 @@ class AsyncTaskRunner(_BaseRunner):
         try:
             if step.route is not None:
                 out = await self.loop.call(
-                    lambda route: step.fn(ctx, route),
-                    route=step.route,
-                    cost=step.cost,
-                    operation=step.operation,
-                    idempotent=step.idempotent,
-                    deadline=effect.deadline,
-                    fallbacks=step.fallbacks,
-                    priority=cast(Priority, effect.priority),
-                    task_id=ctx.task_id,
-                    outcome_check=_check_of(effect),
+                    lambda route: step.fn(ctx, route), route=step.route, **_call_options(effect)
                 )
             else:
                 value = step.fn(ctx)
