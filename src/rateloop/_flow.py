@@ -151,6 +151,7 @@ class _BaseRateLoop:
         budget = CallBudget(
             max_attempts=policy.max_attempts,
             recovery_budget_secs=policy.recovery_budget_secs,
+            max_error_attempts=policy.max_error_attempts,
             started_at=start,
             deadline=deadline_mono,
             max_wait_secs=policy.max_wait_secs,
@@ -366,7 +367,7 @@ class _BaseRateLoop:
                 emit(DecisionKind.STOP, status="raised", reason="unclassified exception")
                 raise result.error
 
-            budget.record_refusal(now)
+            budget.record_refusal(now, signal.kind)
 
             # Writes: never retry blindly when the effect is unknown.
             if not spec.idempotent and is_ambiguous_failure(signal, result_error(result)):
