@@ -28,6 +28,7 @@ from rateloop._args import (
     check_rng,
     check_run,
     check_sinks,
+    takes_call_labels,
 )
 from rateloop._clock import Clock, system_clock
 from rateloop._effects import (
@@ -114,6 +115,11 @@ class _BaseRateLoop:
         self._rng = rng
         # Sinks that also want to know when calls start and end (ConsoleSink's summary).
         self._observers = tuple(s for s in self.sinks if hasattr(s, "call_finished"))
+        # Which observers' call_started takes operation= and priority= (an older one takes
+        # the scope alone and keeps working).
+        self._rich_start = frozenset(
+            id(s) for s in self._observers if takes_call_labels(getattr(s, "call_started", None))
+        )
         self._warned_sdk_retries = False
         self._limits_used: set[str] | None = set()  # None once checked out (warned or all used)
 
@@ -173,7 +179,11 @@ class _BaseRateLoop:
         controlled_retry_used = False
         for observer in self._observers:
             started = getattr(observer, "call_started", None)
-            if started is not None:
+            if started is None:
+                continue
+            if id(observer) in self._rich_start:
+                started(spec.route.scope, operation=spec.operation, priority=spec.priority)
+            else:
                 started(spec.route.scope)
 
         def emit(kind: DecisionKind, **fields: Any) -> None:
@@ -186,7 +196,8 @@ class _BaseRateLoop:
                 run_id=self.run_id,
                 provider=route.provider,
                 model=route.model,
-                scope=route.scope,
+                scope=fields.pop("scope", route.scope),
+                priority=spec.priority,
                 **signal_fields(sig),
                 attempt=ledger.loop,
                 sdk_attempts=ledger.sdk,
@@ -348,9 +359,17 @@ class _BaseRateLoop:
                 scope = route.provider_scope
                 if signal.observed or signal.kind is Kind.TEMPORARY:
                     yield LimiterCall(self.limiter, "observe", (scope, signal))
-                until = pause_until(signal, clock.now())
+                wall = clock.now()
+                until = pause_until(signal, wall)
                 if until is not None:
                     yield LimiterCall(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
+                    emit(
+                        DecisionKind.PAUSE,
+                        scope=scope,
+                        paused_until=until,
+                        wait_seconds=max(0.0, (until - wall).total_seconds()),
+                        reason=f"{signal.kind.value} on {scope}",
+                    )
 
             if signal.kind is Kind.OK:
                 value = result.value if isinstance(result, Returned) else None
