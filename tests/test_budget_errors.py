@@ -168,3 +168,28 @@ def test_max_attempts_1_turns_off_only_429_retries(twin: Any) -> None:
     fn = FaultScript([_429(), OK])
     out, _ = twin(fn, _policy(max_attempts=1, max_error_attempts=5))
     assert out.status is Status.FAILED_RETRY_EXHAUSTED and len(fn.calls) == 1
+
+
+# --- enabled = false: the loop steps aside ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("first", ["429", "503"])
+def test_enabled_false_runs_the_call_exactly_once(mode: str, first: str) -> None:
+    from rateloop.admission import Limiter, LimitSpec
+
+    clock = FakeClock()
+    limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=60)}, clock=clock)
+    limiter.pause(A.provider_scope, 600.0, "another worker")  # admission would wait 10 min
+    fn = FaultScript([_429() if first == "429" else _error(503), OK])
+    off = _policy(enabled=False, max_error_attempts=5)
+    if mode == "sync":
+        out = RateLoop(off, limiter=limiter, clock=clock).call(fn, route=A)
+    else:
+        aloop = AsyncRateLoop(off, limiter=limiter, clock=clock)
+        out = asyncio.run(aloop.call(fn, route=A))
+    assert len(fn.calls) == 1 and clock.sleeps == []
+    assert out.status is Status.FAILED_RETRY_EXHAUSTED and out.attempts.loop == 1
+    ok = FaultScript([OK])
+    assert RateLoop(off, limiter=limiter, clock=clock).call(ok, route=A).ok
+    assert len(ok.calls) == 1

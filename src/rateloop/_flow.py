@@ -154,10 +154,13 @@ class _BaseRateLoop:
         deadline_mono = (
             start + (spec.deadline - wall0).total_seconds() if spec.deadline is not None else None
         )
+        # enabled = false: the loop steps aside; one attempt, no admission, no wait.
+        on = policy.enabled
+        limiter = self.limiter if on else None
         budget = CallBudget(
-            max_attempts=policy.max_attempts,
+            max_attempts=policy.max_attempts if on else 1,
             recovery_budget_secs=policy.recovery_budget_secs,
-            max_error_attempts=policy.max_error_attempts,
+            max_error_attempts=policy.max_error_attempts if on else 1,
             started_at=start,
             deadline=deadline_mono,
             max_wait_secs=policy.max_wait_secs,
@@ -260,9 +263,9 @@ class _BaseRateLoop:
 
             # Admit: reserve capacity on the route before the attempt.
             reservation = None
-            if self.limiter is not None and self._limits_used is not None:
+            if limiter is not None and self._limits_used is not None:
                 self._check_limits_keys(route)
-            if self.limiter is not None:
+            if limiter is not None:
                 while True:
                     granted = yield Admit(route, spec.cost, spec.priority)
                     if not isinstance(granted, Denied):
@@ -354,15 +357,15 @@ class _BaseRateLoop:
                         )
                 else:
                     yield LimiterCall(reservation, "release", ())
-            if self.limiter is not None:
+            if limiter is not None:
                 # The provider speaks for the scope it limits (the project), every tenant included.
                 scope = route.provider_scope
                 if signal.observed or signal.kind is Kind.TEMPORARY:
-                    yield LimiterCall(self.limiter, "observe", (scope, signal))
+                    yield LimiterCall(limiter, "observe", (scope, signal))
                 wall = clock.now()
                 until = pause_until(signal, wall)
                 if until is not None:
-                    yield LimiterCall(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
+                    yield LimiterCall(limiter, "pause", (scope, until, f"{signal.kind.value}"))
                     emit(
                         DecisionKind.PAUSE,
                         scope=scope,
