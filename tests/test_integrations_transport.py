@@ -190,7 +190,7 @@ def test_a_connection_that_never_answers_raises_the_sdk_connection_error(
 ) -> None:
     server.default = Step(drop=True)
     with pytest.raises(openai.APIConnectionError) as caught:
-        _call(_client(server, FakeClock(), policy=Policy(max_attempts=3)))
+        _call(_client(server, FakeClock(), policy=Policy(max_error_attempts=3)))
     cause = caught.value.__cause__
     outcome = cause.rateloop_outcome  # type: ignore[union-attr]
     assert outcome.status is Status.FAILED_RETRY_EXHAUSTED

@@ -206,7 +206,8 @@ def test_an_unreachable_server_is_the_sdks_connection_error(
 ) -> None:
     server.default = Step(drop=True)
     with pytest.raises(sdk.unreachable):
-        sdk.run(server, FakeClock(), policy=Policy(max_attempts=3))
+        # Network errors have their own bound: max_attempts (the 429 budget) does not stop them.
+        sdk.run(server, FakeClock(), policy=Policy(max_attempts=1, max_error_attempts=3))
     assert server.count() == 3
 
 

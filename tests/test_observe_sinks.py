@@ -235,7 +235,9 @@ def test_prometheus_counts_a_retry_refused_by_admission_as_local() -> None:
     # The 429 asks for 1 s; the retry then finds the scope paused for 10 minutes.
     out = loop.call(FaultScript([throttled_while_another_worker_pauses]), route=A, deadline=30.0)
     assert out.status is Status.WAITING_FOR_CAPACITY
-    assert [e.decision.value for e in out.events] == ["wait", "retry", "stop"]
+    # The 429's 1 s minimum pauses the scope (a pause event) before the wait.
+    assert [e.decision.value for e in out.events] == ["pause", "wait", "retry", "stop"]
+    assert value(sink, "rateloop_pauses_total", scope=A.provider_scope) == 1
     assert value(sink, "rateloop_capacity_total", result="rejected_remote") == 1
     assert value(sink, "rateloop_capacity_total", result="rejected_local") == 1
     assert value(sink, "rateloop_capacity_deadline_misses_total") == 1

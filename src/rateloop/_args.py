@@ -8,6 +8,7 @@ that works instead.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ __all__ = [
     "check_rng",
     "check_run",
     "check_sinks",
+    "takes_call_labels",
 ]
 
 Priority = Literal["interactive", "scheduled", "background"]
@@ -236,3 +238,18 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
         data_class=options.get("data_class"),
         task_id=options.get("task_id"),
     )
+
+
+def takes_call_labels(hook: object) -> bool:
+    """True when a sink's ``call_started`` accepts ``operation=`` and ``priority=``."""
+    if not callable(hook):
+        return False
+    try:
+        params = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it the old way
+        return False
+    names = {p.name for p in params}
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) or {
+        "operation",
+        "priority",
+    } <= names

@@ -28,6 +28,7 @@ from rateloop._args import (
     check_rng,
     check_run,
     check_sinks,
+    takes_call_labels,
 )
 from rateloop._clock import Clock, system_clock
 from rateloop._effects import (
@@ -114,6 +115,11 @@ class _BaseRateLoop:
         self._rng = rng
         # Sinks that also want to know when calls start and end (ConsoleSink's summary).
         self._observers = tuple(s for s in self.sinks if hasattr(s, "call_finished"))
+        # Which observers' call_started takes operation= and priority= (an older one takes
+        # the scope alone and keeps working).
+        self._rich_start = frozenset(
+            id(s) for s in self._observers if takes_call_labels(getattr(s, "call_started", None))
+        )
         self._warned_sdk_retries = False
         self._limits_used: set[str] | None = set()  # None once checked out (warned or all used)
 
@@ -148,9 +154,13 @@ class _BaseRateLoop:
         deadline_mono = (
             start + (spec.deadline - wall0).total_seconds() if spec.deadline is not None else None
         )
+        # enabled = false: the loop steps aside; one attempt, no admission, no wait.
+        on = policy.enabled
+        limiter = self.limiter if on else None
         budget = CallBudget(
-            max_attempts=policy.max_attempts,
+            max_attempts=policy.max_attempts if on else 1,
             recovery_budget_secs=policy.recovery_budget_secs,
+            max_error_attempts=policy.max_error_attempts if on else 1,
             started_at=start,
             deadline=deadline_mono,
             max_wait_secs=policy.max_wait_secs,
@@ -172,7 +182,11 @@ class _BaseRateLoop:
         controlled_retry_used = False
         for observer in self._observers:
             started = getattr(observer, "call_started", None)
-            if started is not None:
+            if started is None:
+                continue
+            if id(observer) in self._rich_start:
+                started(spec.route.scope, operation=spec.operation, priority=spec.priority)
+            else:
                 started(spec.route.scope)
 
         def emit(kind: DecisionKind, **fields: Any) -> None:
@@ -185,7 +199,8 @@ class _BaseRateLoop:
                 run_id=self.run_id,
                 provider=route.provider,
                 model=route.model,
-                scope=route.scope,
+                scope=fields.pop("scope", route.scope),
+                priority=spec.priority,
                 **signal_fields(sig),
                 attempt=ledger.loop,
                 sdk_attempts=ledger.sdk,
@@ -248,9 +263,9 @@ class _BaseRateLoop:
 
             # Admit: reserve capacity on the route before the attempt.
             reservation = None
-            if self.limiter is not None and self._limits_used is not None:
+            if limiter is not None and self._limits_used is not None:
                 self._check_limits_keys(route)
-            if self.limiter is not None:
+            if limiter is not None:
                 while True:
                     granted = yield Admit(route, spec.cost, spec.priority)
                     if not isinstance(granted, Denied):
@@ -342,14 +357,22 @@ class _BaseRateLoop:
                         )
                 else:
                     yield LimiterCall(reservation, "release", ())
-            if self.limiter is not None:
+            if limiter is not None:
                 # The provider speaks for the scope it limits (the project), every tenant included.
                 scope = route.provider_scope
                 if signal.observed or signal.kind is Kind.TEMPORARY:
-                    yield LimiterCall(self.limiter, "observe", (scope, signal))
-                until = pause_until(signal, clock.now())
+                    yield LimiterCall(limiter, "observe", (scope, signal))
+                wall = clock.now()
+                until = pause_until(signal, wall)
                 if until is not None:
-                    yield LimiterCall(self.limiter, "pause", (scope, until, f"{signal.kind.value}"))
+                    yield LimiterCall(limiter, "pause", (scope, until, f"{signal.kind.value}"))
+                    emit(
+                        DecisionKind.PAUSE,
+                        scope=scope,
+                        paused_until=until,
+                        wait_seconds=max(0.0, (until - wall).total_seconds()),
+                        reason=f"{signal.kind.value} on {scope}",
+                    )
 
             if signal.kind is Kind.OK:
                 value = result.value if isinstance(result, Returned) else None
@@ -366,7 +389,7 @@ class _BaseRateLoop:
                 emit(DecisionKind.STOP, status="raised", reason="unclassified exception")
                 raise result.error
 
-            budget.record_refusal(now)
+            budget.record_refusal(now, signal.kind)
 
             # Writes: never retry blindly when the effect is unknown.
             if not spec.idempotent and is_ambiguous_failure(signal, result_error(result)):

@@ -12,6 +12,12 @@ Two budgets bound every retry loop:
   attempts counts against it too, so the budget bounds the wall time from
   the first refusal to giving up.  Optional ``deadline`` and
   ``max_wait_secs`` (measured from ``started_at``) bound it further.
+  With ``max_error_attempts`` set, attempts that ended in a network error,
+  a 5xx or an overload (:data:`ERROR_KINDS`) are counted apart, against
+  their own bound, and ``max_attempts`` bounds the rest (429s and
+  everything else): a burst of 503s cannot eat the 429 budget, and
+  ``max_attempts=1`` turns off 429 retries alone.  Unset, one count covers
+  every attempt (the plain loop's default).
 * :class:`RunBudget` — the attempts of every call of one task together.  A
   per-step counter reset after each success would otherwise allow unbounded
   attempts over a long run; each :meth:`CallBudget.record_attempt` also
@@ -32,8 +38,13 @@ import math
 import threading
 
 from rateloop.outcome import AttemptLedger, Attempts
+from rateloop.signal import Kind
 
-__all__ = ["AttemptLedger", "Attempts", "CallBudget", "RunBudget"]
+__all__ = ["ERROR_KINDS", "AttemptLedger", "Attempts", "CallBudget", "RunBudget"]
+
+#: Refusals counted against ``max_error_attempts`` when it is set: network
+#: errors, 5xx and overloads (everything else counts against ``max_attempts``).
+ERROR_KINDS: frozenset[Kind] = frozenset({Kind.NETWORK, Kind.SERVER_ERROR, Kind.OVERLOAD})
 
 
 def _positive_int(owner: str, name: str, value: object) -> int:
@@ -113,9 +124,11 @@ class CallBudget:
 
     __slots__ = (
         "_attempts",
+        "_error_attempts",
         "_first_refusal_at",
         "deadline",
         "max_attempts",
+        "max_error_attempts",
         "max_wait_secs",
         "recovery_budget_secs",
         "run",
@@ -131,8 +144,14 @@ class CallBudget:
         deadline: float | None = None,
         max_wait_secs: float | None = None,
         run: RunBudget | None = None,
+        max_error_attempts: int | None = None,
     ) -> None:
         self.max_attempts = _positive_int("CallBudget", "max_attempts", max_attempts)
+        self.max_error_attempts = (
+            None
+            if max_error_attempts is None
+            else _positive_int("CallBudget", "max_error_attempts", max_error_attempts)
+        )
         recovery = _seconds("CallBudget", "recovery_budget_secs", recovery_budget_secs)
         if recovery < 0:
             raise ValueError(f"CallBudget recovery_budget_secs must be >= 0, got {recovery!r}")
@@ -144,6 +163,7 @@ class CallBudget:
             raise ValueError(f"CallBudget run must be a RunBudget or None, got {run!r}")
         self.run = run
         self._attempts = 0
+        self._error_attempts = 0
         self._first_refusal_at: float | None = None
 
     # -- attempts --------------------------------------------------------
@@ -153,15 +173,48 @@ class CallBudget:
         """Attempts recorded by this call, the first one included, SDK retries too."""
         return self._attempts
 
+    @property
+    def error_attempts(self) -> int:
+        """Attempts that ended in one of :data:`ERROR_KINDS` (network, 5xx, overload)."""
+        return self._error_attempts
+
+    @property
+    def separate(self) -> bool:
+        """True when errors have their own bound (``max_error_attempts`` is set)."""
+        return self.max_error_attempts is not None
+
+    def _counted(self) -> int:
+        """The attempts ``max_attempts`` bounds: all of them, or all but the errors."""
+        return self._attempts - self._error_attempts if self.separate else self._attempts
+
     def can_attempt(self) -> bool:
         """True when this call and its run both have an attempt left."""
-        if self._attempts >= self.max_attempts:
+        if self._counted() >= self.max_attempts:
             return False
         return self.run is None or not self.run.exhausted
 
+    def can_retry(self, kind: Kind) -> bool:
+        """True when a refusal of ``kind`` (already recorded) may be retried.
+
+        With separate bounds an error kind is bounded by
+        ``max_error_attempts`` alone, and every other kind by ``max_attempts``
+        alone; the run budget bounds both.
+        """
+        if self.max_error_attempts is not None and kind in ERROR_KINDS:
+            if self._error_attempts >= self.max_error_attempts:
+                return False
+            return self.run is None or not self.run.exhausted
+        return self.can_attempt()
+
+    def bound_of(self, kind: Kind) -> str:
+        """The name of the bound a refusal of ``kind`` counts against (for messages)."""
+        if self.max_error_attempts is not None and kind in ERROR_KINDS:
+            return "max_error_attempts"
+        return "max_attempts"
+
     def record_attempt(self) -> bool:
         """Count one attempt, spending it from the run budget; False if refused."""
-        if self._attempts >= self.max_attempts:
+        if self._counted() >= self.max_attempts:
             return False
         if self.run is not None and not self.run.try_spend():
             return False
@@ -188,10 +241,17 @@ class CallBudget:
         """When the recovery clock started (None until the first refusal)."""
         return self._first_refusal_at
 
-    def record_refusal(self, now: float) -> None:
-        """Note a refusal; the first one starts the recovery clock."""
+    def record_refusal(self, now: float, kind: Kind | None = None) -> None:
+        """Note a refusal; the first one starts the recovery clock.
+
+        ``kind`` is what the last attempt ended in: one of :data:`ERROR_KINDS`
+        moves that attempt to the error count.  None (admission found no
+        capacity: nothing was sent) counts no attempt.
+        """
         if self._first_refusal_at is None:
             self._first_refusal_at = _seconds("CallBudget", "now", now)
+        if kind in ERROR_KINDS and self._error_attempts < self._attempts:
+            self._error_attempts += 1
 
     def time_left(self, now: float) -> float | None:
         """Seconds left before a bound is reached (may be negative); None if unbounded."""
@@ -216,10 +276,13 @@ class CallBudget:
         never allows more attempts than the run budget.
         """
         self._attempts = 0
+        self._error_attempts = 0
         self._first_refusal_at = None
 
     def __repr__(self) -> str:
         parts = [f"attempts={self._attempts}/{self.max_attempts}"]
+        if self.max_error_attempts is not None:
+            parts.append(f"error_attempts={self._error_attempts}/{self.max_error_attempts}")
         parts.append(f"recovery_budget_secs={self.recovery_budget_secs:g}")
         if self._first_refusal_at is not None:
             parts.append(f"first_refusal_at={self._first_refusal_at:g}")

@@ -239,8 +239,18 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
     if not in_trigger_scope(kind, policy.trigger_scope):
         return _stop_for(state, signal, now)
 
-    if not state.budget.can_attempt():
-        return _exhausted(state, signal, f"all {state.budget.attempts} attempts used")
+    if not state.budget.can_retry(kind):
+        budget = state.budget
+        if budget.bound_of(kind) == "max_error_attempts":
+            why = (
+                f"all {budget.error_attempts} attempts for network errors, 5xx and "
+                f"overloads used (max_error_attempts {budget.max_error_attempts})"
+            )
+        else:
+            why = f"all {budget.attempts - budget.error_attempts} attempts used" if (
+                budget.separate
+            ) else f"all {budget.attempts} attempts used"
+        return _exhausted(state, signal, why)
 
     per_route = policy.attempts_per_route
     explicit = per_route is not None

@@ -16,7 +16,12 @@ writes JSON lines to the stdlib logger ``rateloop.events`` (for machines),
 A sink may also define ``call_started(scope)`` and ``call_finished(outcome)``:
 the loop calls them around every call (a first-try success included), which
 is how :class:`ConsoleSink` counts calls in flight.  Both are optional, so
-any plain callable remains a sink.
+any plain callable remains a sink.  A ``call_started`` that accepts the
+keywords ``operation`` and ``priority`` (or ``**kwargs``) gets them too.
+
+A ``pause`` event says the loop paused a scope on the shared limiter after a
+refusal with a server minimum: ``scope`` is the paused scope, ``wait_seconds``
+the pause's length, ``paused_until`` its end, ``reason`` the refusal's kind.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class DecisionKind(StrEnum):
     ADMISSION_WAIT = "admission_wait"
     STOP = "stop"
     SUCCESS_AFTER_RETRY = "success_after_retry"
+    PAUSE = "pause"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,11 +101,13 @@ class CapacityEvent:
     deadline: datetime | None = None
     status: str | None = None
     reason: str | None = None
+    priority: str | None = None
+    paused_until: datetime | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "provider_code", _safe_token(self.provider_code))
         object.__setattr__(self, "request_id", _safe_token(self.request_id))
-        for name in ("reason", "task_id", "run_id", "operation"):
+        for name in ("reason", "task_id", "run_id", "operation", "priority"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, redact(value))

@@ -36,10 +36,12 @@ The sync and async classes differ only in how they send, read and sleep.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rateloop._args import check_policy
 from rateloop._clock import Clock
 from rateloop._effects import Effect, LimiterCall
 from rateloop.classify import classify_exception
@@ -68,16 +70,38 @@ from rateloop.signal import LimitSignal
 
 __all__ = [
     "OUTCOME_KEY",
+    "TRANSPORT_ERROR_ATTEMPTS",
     "AdmissionRefused",
     "AsyncStreamBody",
     "StreamInterrupted",
     "SyncStreamBody",
     "TransportBase",
     "admission_refusal",
+    "transport_policy",
 ]
 
 #: Where a response carries its outcome: ``response.extensions[OUTCOME_KEY]``.
 OUTCOME_KEY = "rateloop_outcome"
+
+#: The transport's bound on attempts ending in a network error, a 5xx or an
+#: overload when the policy leaves ``max_error_attempts`` unset: counted apart
+#: from the 429 budget (``max_attempts`` 20 from the first, 600 s from the first
+#: refusal), so neither kind of failure spends the other's attempts.
+TRANSPORT_ERROR_ATTEMPTS = 5
+
+
+def transport_policy(policy: Policy | None) -> Policy:
+    """``policy`` (default: ``Policy()``) with the transport's separate error bound filled in.
+
+    >>> transport_policy(None).max_error_attempts, transport_policy(None).max_attempts
+    (5, 20)
+    >>> transport_policy(Policy(max_error_attempts=2)).max_error_attempts
+    2
+    """
+    policy = Policy() if policy is None else policy
+    if policy.max_error_attempts is not None:
+        return policy
+    return dataclasses.replace(policy, max_error_attempts=TRANSPORT_ERROR_ATTEMPTS)
 
 
 class AdmissionRefused(RateLimitExhausted):
@@ -370,7 +394,7 @@ class TransportBase:
         if loop is not None:
             user_classify = loop.classify
             self.loop: RateLoop | AsyncRateLoop = performer(
-                loop.policy,
+                transport_policy(loop.policy),
                 limiter=loop.limiter,
                 clock=loop.clock,
                 sinks=loop.sinks,
@@ -380,15 +404,24 @@ class TransportBase:
             )
         else:
             user_classify = None
-            self.loop = performer(policy, limiter=limiter, clock=clock, sinks=sinks)
+            if policy is not None and not isinstance(policy, Policy):
+                policy = check_policy(policy)  # raises with the reason
+            self.loop = performer(
+                transport_policy(policy), limiter=limiter, clock=clock, sinks=sinks
+            )
         self.loop.classify = self._classifier(user_classify)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(inner={type(self.inner).__name__}, "
             f"limiter={type(self.loop.limiter).__name__ if self.loop.limiter else None}, "
-            f"enabled={self.settings.enabled})"
+            f"enabled={self.enabled})"
         )
+
+    @property
+    def enabled(self) -> bool:
+        """False when the ``enabled=`` argument or the policy's ``enabled`` turns the loop off."""
+        return self.settings.enabled and self.loop.policy.enabled
 
     @property
     def limiter(self) -> Any:
@@ -416,7 +449,7 @@ class TransportBase:
         return read_request(request.method, str(request.url), request.headers, request.content)
 
     def _send_sync(self, request: Any) -> Any:
-        if not self.settings.enabled:
+        if not self.enabled:  # the request runs exactly once, as if we were not here
             return self.inner.handle_request(request)
         request.read()  # the body is sent again on a retry, and read for the cost
         plan = self._plan(request)
@@ -434,7 +467,7 @@ class TransportBase:
         return attempt.finish(outcome)
 
     async def _send_async(self, request: Any) -> Any:
-        if not self.settings.enabled:
+        if not self.enabled:  # the request runs exactly once, as if we were not here
             return await self.inner.handle_async_request(request)
         await request.aread()
         plan = self._plan(request)

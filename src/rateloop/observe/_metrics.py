@@ -29,10 +29,15 @@ attempt (``_span``).  The rules, in order:
    ``retry``/``fallback`` before it, or its first ``admission_wait``) and
    ends at the event that ends it; a first attempt with no event before it
    starts at its first event.  Waits and the other decisions are span events.
-6. A loop that calls the optional sink hooks ``call_started(scope)`` and
-   ``call_finished(outcome)`` around every call gives the first attempt its
-   real start, a first-try success its span, and every call its count (then
+6. A loop that calls the optional sink hooks ``call_started(scope,
+   operation=..., priority=...)`` and ``call_finished(outcome)`` around every
+   call gives the first attempt its real start, a first-try success its span
+   and its operation and priority labels, and every call its count (then
    counted from ``call_finished`` only, never from terminal events too).
+7. A ``pause`` event (the loop paused a scope on the shared limiter) counts in
+   ``pauses`` and records its length in ``pause_length``, labelled with the
+   paused scope; it is a span event of the attempt that caused it and leaves
+   the wait measurements alone.
 
 Events from concurrent calls interleave; a call's events all come from the
 thread (sync) or asyncio task (async) that runs it, so that identity keys
@@ -45,8 +50,8 @@ succeeded at once emits no last event).
 Labels are identifiers only -- provider, operation, model, scope, tenant,
 priority (and the decision, signal kind, status or layer of a metric) --
 never a reason, a prompt, a request body or a key.  ``tenant`` is the fourth
-part of the scope key; ``priority`` is read from the event when it carries
-one and is ``""`` otherwise (see docs/observe.md).
+part of the scope key; ``priority`` is the call's admission priority, from
+the event or ``call_started`` (see docs/observe.md).
 """
 
 from __future__ import annotations
@@ -129,6 +134,18 @@ METRICS: dict[str, Metric] = {
             buckets=WAIT_BUCKETS,
         ),
         Metric(
+            "pauses",
+            "counter",
+            "Scopes paused on the shared limiter after a refusal with a server minimum.",
+        ),
+        Metric(
+            "pause_length",
+            "histogram",
+            "How long each pause holds its scope, from the refusal to the pause's end.",
+            unit="seconds",
+            buckets=WAIT_BUCKETS,
+        ),
+        Metric(
             "retries",
             "counter",
             "Retries of the same target after a wait.",
@@ -202,9 +219,9 @@ def labels_of(event: CapacityEvent, **extra: object) -> dict[str, str]:
         "operation": _label(event.operation),
         "model": _label(event.model),
         "scope": _label(event.scope),
-        # Read with getattr: an event that carries these itself wins over what is derived.
+        # Read with getattr: an event that carries a tenant itself wins over the scope's.
         "tenant": _label(getattr(event, "tenant", None) or _tenant(event.scope)),
-        "priority": _label(getattr(event, "priority", None)),
+        "priority": _label(event.priority),
     }
     out.update({k: _label(v) for k, v in extra.items()})
     return out
@@ -233,6 +250,9 @@ class _Call:
     # count came before the next attempt was made, from admission.
     admitting_at: int | None = None
     wait: tuple[DecisionKind, float, float, dict[str, str]] | None = None
+    # From call_started: what a first-try success (no event) is labelled with.
+    operation: str = ""
+    priority: str = ""
 
 
 def _call_key() -> tuple[int, int]:
@@ -289,6 +309,18 @@ class MetricSink:
         now_mono, now_ns = self.clock.monotonic(), _ns(self.clock.now())
         key = _call_key()
         call = self._enter(key, now_ns)
+        if d is DecisionKind.PAUSE:
+            self._add(METRICS["pauses"], base)
+            if event.wait_seconds is not None:
+                self._record(METRICS["pause_length"], base, event.wait_seconds)
+            if self.traces and call.attempt is not None:
+                attrs: dict[str, Any] = {"rateloop.decision": d.value}
+                if event.paused_until is not None:
+                    attrs["rateloop.paused_until"] = event.paused_until.isoformat()
+                if event.wait_seconds is not None:
+                    attrs["rateloop.pause.seconds"] = event.wait_seconds
+                call.attempt.events.append(("rateloop.pause", attrs, now_ns))
+            return
         self._measure_wait_end(call, d, now_mono)
         self._count(event, base, call)
         self._trace(event, base, call, now_ns)
@@ -314,7 +346,7 @@ class MetricSink:
 
     # -- the loop's optional hooks (a loop that has them calls them around every call) --------
 
-    def call_started(self, scope: str) -> None:
+    def call_started(self, scope: str, *, operation: str = "", priority: str = "") -> None:
         """A call begins here: its first attempt's span starts now."""
         self._hooked = True
         now_ns = _ns(self.clock.now())
@@ -324,6 +356,7 @@ class MetricSink:
         if stale is not None and stale.attempt is not None and self.traces:
             self._span(stale.attempt, now_ns, ok=False, unfinished=True)
         call = self._enter(key, now_ns)
+        call.operation, call.priority = operation, priority
         call.attempt = _Attempt(1, now_ns, True, {"scope": _label(scope)})
 
     def call_finished(self, outcome: Outcome) -> None:
@@ -331,12 +364,16 @@ class MetricSink:
         now_ns = _ns(self.clock.now())
         with self._lock:
             call = self._calls.pop(_call_key(), None)
-        operation = outcome.events[0].operation if outcome.events else ""
-        self.observe_outcome(outcome, operation=operation)
+        first = outcome.events[0] if outcome.events else None
+        operation = first.operation if first is not None else (call.operation if call else "")
+        priority = (first.priority if first is not None else None) or (
+            call.priority if call else ""
+        )
+        self.observe_outcome(outcome, operation=operation, priority=priority or "")
         if call is not None and call.attempt is not None and self.traces:
             attempt = call.attempt
             if len(attempt.labels) == 1 and outcome.route is not None:  # no event named it
-                attempt.labels = _route_labels(outcome, operation, "")
+                attempt.labels = _route_labels(outcome, operation, priority or "")
             self._span(attempt, now_ns, ok=outcome.ok, unfinished=False)
 
     def observe_outcome(self, outcome: Outcome, *, operation: str = "", priority: str = "") -> None:

@@ -200,6 +200,8 @@ class Policy:
     on_exhausted: Literal["fail", "soft"] = "fail"
     attempts_per_route: int | None = None
     max_wait_secs: float | None = None
+    max_error_attempts: int | None = None
+    enabled: bool = True
     fallback: FallbackPolicy = field(default_factory=FallbackPolicy)
     # A read-only mapping is not hashable; the hash leaves it out (equality does not).
     limits: Mapping[str, LimitSpec] = field(
@@ -293,6 +295,7 @@ class Policy:
             deadline=deadline,
             max_wait_secs=self.max_wait_secs,
             run=run,
+            max_error_attempts=self.max_error_attempts,
         )
 
     def leaves(self) -> dict[str, Any]:

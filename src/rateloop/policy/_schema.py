@@ -156,6 +156,8 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "on_exhausted": _choice("fail", "fail", "soft"),
         "attempts_per_route": _num("int", None, 1, 1000, optional=True),
         "max_wait_secs": _num("float", None, 1, _MAX_SECS, _SECS, optional=True),
+        "max_error_attempts": _num("int", None, 1, 1000, optional=True),
+        "enabled": Leaf(kind="bool", default=True, allowed="true or false"),
     },
     "backoff": {
         "strategy": _choice("exponential", "exponential", "linear", "constant", "decorrelated"),
