@@ -33,7 +33,9 @@ def test_first_hour_fifty_concurrent_openai_calls() -> None:
     out = run_example("first_hour.py")
     assert "rateloop:  {'completed': 50}" in out
     plain = out.splitlines()[0]
-    assert plain.startswith("plain SDK: {'completed': ") and "lost to a 429" in plain
+    # How many the plain SDK loses depends on how fast a loaded machine sends the 50 requests
+    # (real HTTP, real time): the line must be there, the losses are the example's to show.
+    assert plain.startswith("plain SDK: {") and "the provider refused" in plain
 
 
 def test_anthropic_overload_falls_back() -> None:
