@@ -10,9 +10,9 @@ import sys
 import threading
 from typing import Any
 
-import httpx
 import pytest
 
+from _http_faults import throttle
 from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
@@ -23,17 +23,6 @@ from rateloop.testing import FakeClock, FaultScript
 OPENAI = "https://api.openai.com/v1/chat/completions"
 A = Route(provider="openai", model="gpt-5")
 B = Route(provider="anthropic", model="claude")
-
-
-def throttle(retry_after: str) -> httpx.HTTPStatusError:
-    request = httpx.Request("POST", OPENAI)
-    resp = httpx.Response(
-        429,
-        headers={"retry-after": retry_after},
-        json={"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}},
-        request=request,
-    )
-    return httpx.HTTPStatusError("429", request=request, response=resp)
 
 
 class VirtualClock(FakeClock):

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _http_faults import throttle
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
@@ -27,17 +28,6 @@ def ok(prompt_tokens: int = 10, completion_tokens: int = 5) -> httpx.Response:
         json={"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}},
         request=httpx.Request("POST", OPENAI),
     )
-
-
-def throttle(retry_after: str) -> httpx.HTTPStatusError:
-    request = httpx.Request("POST", OPENAI)
-    resp = httpx.Response(
-        429,
-        headers={"retry-after": retry_after},
-        json={"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}},
-        request=request,
-    )
-    return httpx.HTTPStatusError("429", request=request, response=resp)
 
 
 def policy() -> Policy:
