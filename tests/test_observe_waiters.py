@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +29,7 @@ SCOPE = "openai:gpt-5:waiters"
 ROUTE = Route(provider="openai", model="gpt-5", project="waiters")
 # Six requests a minute, all at once: the test fills the scope, then every call waits ~10 s.
 SPEC = LimitSpec(requests_per_minute=6, burst=1.0)
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def row(ms: int, seq: int = 0, **fields: str) -> tuple[str, dict[str, str]]:
@@ -156,6 +162,89 @@ def limiter(redis_url: str, redis_prefix: str) -> Iterator[Limiter]:
     lim.close()
 
 
+POLICY = f"""
+[limits."{SCOPE}"]
+requests_per_minute = 6
+burst = 1.0
+"""
+
+
+def look_from_outside(redis_url: str, prefix: str) -> dict[str, Any]:
+    """The waiters as `rateloop status`, its --json, the dashboard's /api/state and the
+    Prometheus and OpenTelemetry gauges show them, read from Redis now."""
+    import tempfile
+    import urllib.request
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rateloop.observe.dashboard import Dashboard
+    from rateloop.observe.state_metrics import ScopeStateCollector, observe_scope_state
+
+    views: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = Path(tmp) / "policy.toml"
+        policy.write_text(POLICY)
+        args = ["status", "--redis", redis_url, "--prefix", prefix, "-c", str(policy)]
+        table = rateloop(*args)
+        assert table.returncode == 0, table.stderr
+        header, row = table.stdout.splitlines()[1:3]
+        assert row.startswith(SCOPE)
+        start = header.index("WAITING (BY PRIORITY)")
+        views["status"] = row[start : header.index("DIMENSION")].strip()
+        out = rateloop(*args, "--json")
+        assert out.returncode == 0, out.stderr
+        views["json"] = json.loads(out.stdout)["scopes"][0]["waiters"]
+    reader = RedisStateReader(redis_url, prefix=prefix, limits={SCOPE: SPEC})
+    try:
+        with Dashboard(reader, port=0, interval=60) as board:
+            url = f"http://127.0.0.1:{board.port}/api/state"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                views["api_state"] = json.loads(resp.read())["snapshot"]["scopes"][0]["waiters"]
+        registry = CollectorRegistry()
+        registry.register(ScopeStateCollector(reader))
+        text = generate_latest(registry).decode()
+        views["prometheus"] = {
+            s.labels["priority"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "rateloop_scope_waiters" and s.labels["scope"] == SCOPE
+        }
+        metric_reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[metric_reader])
+        try:
+            observe_scope_state(reader, meter_provider=provider)
+            data = metric_reader.get_metrics_data()
+        finally:
+            provider.shutdown()
+        assert data is not None
+        views["otel"] = {
+            p.attributes["rateloop.priority"]: p.value
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "rateloop.scope.waiters"
+            for p in m.data.data_points
+        }
+    finally:
+        reader.close()
+    return views
+
+
+def rateloop(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    return subprocess.run(
+        [sys.executable, "-m", "rateloop", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+
+
 def never_called(route: Route) -> Any:
     raise AssertionError("the scope is full: no attempt may start")
 
@@ -175,14 +264,20 @@ def test_calls_waiting_on_a_full_scope_show_by_priority_and_leave_when_done(
             asyncio.create_task(loop.call(never_called, route=ROUTE, priority=p, deadline=300.0))
             for p in priorities
         ]
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(20):
             while len(clock.sleeps) < len(priorities):  # every call is asleep on its wait
                 await asyncio.sleep(0.01)
         snap = reader.read()
         state = snap.scope(SCOPE)
         assert state is not None
         assert state.waiters == {"background": 1, "interactive": 2, "scheduled": 1}
+        assert list(state.waiters) == ["interactive", "scheduled", "background"]  # by urgency
         assert snap.to_dict()["scopes"][0]["waiters"] == dict(state.waiters)
+        # Every view of the live state shows them: another process's, a page's, a scraper's.
+        views = await asyncio.to_thread(look_from_outside, redis_url, redis_prefix)
+        assert views["status"] == "interactive 2, scheduled 1, background 1"
+        for name in ("json", "api_state", "prometheus", "otel"):
+            assert views[name] == dict(state.waiters), name
         # Once their waits have passed (on the server's clock), none is waiting.
         now = snap.at.timestamp()
         assert reader.read_waiters(now) == {SCOPE: dict(state.waiters)}

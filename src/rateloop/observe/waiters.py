@@ -27,12 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rateloop.admission.plan import Priority
+
 __all__ = ["UNKNOWN_PRIORITY", "WAIT_DECISIONS", "stream_seconds", "waiters"]
 
 #: The decisions that mean "this call is sleeping on its scope before an attempt".
 WAIT_DECISIONS = frozenset({"admission_wait", "wait"})
 #: The priority shown for a wait event that carries none.
 UNKNOWN_PRIORITY = "unknown"
+# Priorities listed most urgent first, then any other label alphabetically.
+_RANK = {p.value: i for i, p in enumerate(Priority)}
 
 
 def stream_seconds(stream_id: str) -> float:
@@ -81,4 +85,7 @@ def waiters(rows: Iterable[tuple[str, Mapping[str, str]]], now: float) -> dict[s
         by_priority = out.setdefault(fields["scope"], {})
         priority = fields.get("priority") or UNKNOWN_PRIORITY
         by_priority[priority] = by_priority.get(priority, 0) + 1
-    return {scope: dict(sorted(counts.items())) for scope, counts in sorted(out.items())}
+    return {
+        scope: dict(sorted(counts.items(), key=lambda kv: (_RANK.get(kv[0], len(_RANK)), kv[0])))
+        for scope, counts in sorted(out.items())
+    }
