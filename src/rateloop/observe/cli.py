@@ -216,7 +216,7 @@ def status(
     ] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per read.")] = False,
 ) -> None:
-    """Show every scope's limits, headroom and pause from Redis, and the task queue (--store)."""
+    """Show every scope's limits, headroom, pause and waiters (Redis) and the queue (--store)."""
     from rateloop.observe.queue_state import read_queue
 
     reader = _reader(config, redis, prefix)
