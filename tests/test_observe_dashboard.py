@@ -430,3 +430,85 @@ def test_an_unreachable_redis_drops_events_and_never_breaks_the_call(
         True
     ]
     sink.close()
+
+
+class HeldClock:
+    """A fake clock per call whose sleeps hold the calling thread until the gate opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        from rateloop.testing import FakeClock
+
+        self.fake, self.gate = FakeClock(), gate
+        self.slept = threading.Event()
+
+    def monotonic(self) -> float:
+        return self.fake.monotonic()
+
+    def now(self) -> datetime:
+        return self.fake.now()
+
+    def sleep(self, seconds: float) -> None:
+        self.fake.sleep(seconds)
+        self.slept.set()
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+
+    async def asleep(self, seconds: float) -> None:  # pragma: no cover - sync calls only
+        raise AssertionError("sync calls only")
+
+
+@pytest.mark.browser
+@pytest.mark.redis
+def test_the_page_shows_the_calls_waiting_by_priority(
+    browser_page: Any, redis_url: str, redis_prefix: str
+) -> None:
+    from rateloop.admission.reservation import Reservation
+    from rateloop.observe.redis_events import RedisEventSink
+    from rateloop.route import Cost
+
+    page = browser_page
+    limits = {SCOPE: LimitSpec(requests_per_minute=6, burst=1.0)}
+    limiter = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)
+    assert all(isinstance(limiter.try_reserve(ROUTE, Cost()), Reservation) for _ in range(6))
+    reader = RedisStateReader(redis_url, prefix=redis_prefix, limits=limits)
+    sink = RedisEventSink(redis_url, prefix=redis_prefix)
+    gate = threading.Event()
+    outcomes: list[Status] = []
+
+    def never_called(route: Route) -> Any:
+        raise AssertionError("the scope is full: no attempt may start")
+
+    def call(clock: HeldClock, priority: str) -> None:
+        loop = RateLoop(Policy.from_dict({}), limiter=limiter, clock=clock, sinks=[sink])
+        out = loop.call(never_called, route=ROUTE, priority=priority, deadline=60.0)
+        outcomes.append(out.status)
+
+    priorities = ["interactive", "background", "background"]
+    clocks = [HeldClock(gate) for _ in priorities]
+    threads = [
+        threading.Thread(target=call, args=(c, p), daemon=True)
+        for c, p in zip(clocks, priorities, strict=True)
+    ]
+    board = Dashboard(reader, port=0)
+    board.start()
+    try:
+        for t in threads:
+            t.start()
+        assert all(c.slept.wait(timeout=10) for c in clocks), "a call never waited"
+        page.goto(f"http://127.0.0.1:{board.port}/")
+        card = f'section.scope[data-scope="{SCOPE}"]'
+        page.wait_for_selector(f'{card} .waiters[data-waiting="3"]', timeout=5000)
+        assert page.inner_text(f'{card} .waiter[data-priority="interactive"]') == "interactive 1"
+        assert page.inner_text(f'{card} .waiter[data-priority="background"]') == "background 2"
+        # Released, each call asks again, waits again and stops at its deadline: none waits.
+        gate.set()
+        for t in threads:
+            t.join(timeout=10)
+        assert outcomes == [Status.WAITING_FOR_CAPACITY] * 3
+        page.wait_for_selector(f'{card} .waiters[data-waiting="0"]', timeout=5000)
+        assert page.inner_text(f"{card} .waiters") == "waiting: none"
+    finally:
+        gate.set()
+        board.stop()
+        reader.close()
+        sink.close()
+        limiter.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -109,11 +109,16 @@ def _num(value: float) -> str:
     return f"{value:.0f}" if value == int(value) or value >= 100 else f"{value:.1f}"
 
 
+def _waiting(by_priority: Mapping[str, int]) -> str:
+    """``interactive 2, background 1``: the calls sleeping on a scope, by priority."""
+    return ", ".join(f"{p} {n}" for p, n in by_priority.items()) or "-"
+
+
 def _scope_rows(s: ScopeState, now: datetime) -> list[list[str]]:
     paused = "-"
     if s.paused_until is not None:
         paused = _when(s.paused_until, now) + (f" {s.pause_reason}" if s.pause_reason else "")
-    head = [s.scope, paused, f"{s.factor:.2f}"]
+    head = [s.scope, paused, f"{s.factor:.2f}", _waiting(s.waiters)]
     if not s.dimensions:
         note = "no configured limits (pass --config)" if not s.configured else "no dimensions"
         if s.governed_by == "learned":
@@ -121,7 +126,7 @@ def _scope_rows(s: ScopeState, now: datetime) -> list[list[str]]:
         return [[*head, note, "", "", "", "", ""]]
     rows = []
     for i, d in enumerate(s.dimensions):
-        first = head if i == 0 else ["", "", ""]
+        first = head if i == 0 else ["", "", "", ""]
         per = "/day" if d.dimension == "requests_per_day" else "/min" if d.kind == "bucket" else ""
         limit = f"{d.configured}{per}" + (" learned" if s.governed_by == "learned" else "")
         effective = _num(d.effective) if d.kind == "bucket" else "-"
@@ -174,8 +179,8 @@ def render_queue(queue: QueueState, *, source: str) -> str:
 
 def render_table(snap: Snapshot, *, source: str) -> str:
     """The status table, one row per limited dimension of each scope."""
-    header = ["SCOPE", "PAUSED UNTIL", "AIMD", "DIMENSION", "LIMIT", "EFFECTIVE",
-              "USED/CAPACITY", "HEADROOM", "NOTE"]  # fmt: skip
+    header = ["SCOPE", "PAUSED UNTIL", "AIMD", "WAITING (BY PRIORITY)", "DIMENSION", "LIMIT",
+              "EFFECTIVE", "USED/CAPACITY", "HEADROOM", "NOTE"]  # fmt: skip
     lines = [f"rateloop status  {source} prefix={snap.prefix!r}  at {snap.at.isoformat()}"]
     if not snap.scopes:
         lines.append("no scopes: nothing configured (--config) and no state under this prefix")
@@ -211,7 +216,7 @@ def status(
     ] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per read.")] = False,
 ) -> None:
-    """Show every scope's limits, headroom and pause from Redis, and the task queue (--store)."""
+    """Show every scope's limits, headroom, pause and waiters (Redis) and the queue (--store)."""
     from rateloop.observe.queue_state import read_queue
 
     reader = _reader(config, redis, prefix)

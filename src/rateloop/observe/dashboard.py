@@ -8,7 +8,8 @@ of its requests bucket net of what drained: an estimate), a day window or
 the concurrency slots running out, a bucket the provider blocked; and, when
 the workers share their events through a
 :class:`~rateloop.observe.redis_events.RedisEventSink`, their waits,
-rejections (local: admission; remote: the provider) and fallbacks.  With a
+rejections (local: admission; remote: the provider) and fallbacks -- and each
+scope's card its calls waiting now by priority (:mod:`rateloop.observe.waiters`).  With a
 task store it also serves the queue: depth, the oldest task, and each parked
 task's ``retry_at`` and remaining steps.  The
 HTTP server answers ``GET`` only: the page and its two static files

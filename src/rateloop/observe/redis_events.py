@@ -9,6 +9,11 @@ the capacity decision the metric sinks count for the event (``waited``,
 ``rejected_local``, ``rejected_remote``), told apart with the same per-call
 rules (:mod:`rateloop.observe._metrics`).
 
+Each event of one call also carries ``call``: a random token the sink draws
+when the loop starts the call (its ``call_started`` hook), so a reader can
+tell calls apart -- the waiters by priority (:mod:`rateloop.observe.waiters`)
+count each call once.  The token identifies nothing outside the stream.
+
 A sink must never break the call it observes: when Redis cannot be reached
 the event is dropped and one warning is logged per minute.
 """
@@ -16,8 +21,10 @@ the event is dropped and one warning is logged per minute.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from rateloop._redact import redact_url
@@ -42,8 +49,12 @@ FIELDS = (
     "next_attempt_at",
     "status",
     "reason",
+    "priority",
 )
 _WARN_EVERY = 60.0
+# The current call's token: the loop runs a call's hooks and events in one context
+# (one thread, or one asyncio task), so concurrent calls never see each other's.
+_CALL: ContextVar[str | None] = ContextVar("rateloop_event_call", default=None)
 
 
 def events_key(prefix: str) -> str:
@@ -94,6 +105,11 @@ class RedisEventSink(MetricSink):
     def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
         pass  # only the capacity decision goes to the stream
 
+    def call_started(self, scope: str, *, operation: str = "", priority: str = "") -> None:
+        """A call begins: draw the token that tags its events."""
+        _CALL.set(secrets.token_hex(8))
+        super().call_started(scope, operation=operation, priority=priority)
+
     def __call__(self, event: CapacityEvent) -> None:
         self._current.capacity = None
         super().__call__(event)  # classifies the event (see _add)
@@ -101,6 +117,9 @@ class RedisEventSink(MetricSink):
         fields = {k: str(data[k]) for k in FIELDS if k in data}
         if self._current.capacity is not None:
             fields["capacity"] = self._current.capacity
+        call = _CALL.get()
+        if call is not None:
+            fields["call"] = call
         try:
             self._client.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
         except self._errors as exc:

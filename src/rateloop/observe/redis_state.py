@@ -11,7 +11,9 @@ the backend's own key names).  For a scope ``S`` whose ``provider:model`` is
     {prefix}{R}:l:{S}   sorted set: concurrency leases scored by expiry
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
 
-Only ``SCAN``, ``TIME``, ``HGETALL``, ``ZCOUNT`` and ``XRANGE`` are sent: nothing
+The calls waiting on each scope come from the event stream ``{prefix}events``
+(:mod:`rateloop.observe.waiters`).  Only ``SCAN``, ``TIME``, ``HGETALL``,
+``ZCOUNT``, ``XRANGE`` and ``XREVRANGE`` are sent: nothing
 is written, no script is run.
 """
 
@@ -25,7 +27,9 @@ from rateloop.admission.gcra import AIMD
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError
+from rateloop.observe.redis_events import events_key
 from rateloop.observe.state import RawScope, Snapshot, _at, scope_state
+from rateloop.observe.waiters import waiters
 
 __all__ = ["KINDS", "RedisStateReader", "key_of", "scope_of_key"]
 
@@ -105,7 +109,7 @@ class RedisStateReader:
         """Timeline entries of the events a :class:`~rateloop.observe.redis_events.RedisEventSink`
         wrote after stream id ``after`` (the last ``count`` when None), and the last id read.
         """
-        from rateloop.observe.redis_events import events_key, timeline_entry
+        from rateloop.observe.redis_events import timeline_entry
 
         key = events_key(self.prefix)
         try:
@@ -120,6 +124,21 @@ class RedisStateReader:
             for sid, fields in rows
         ]
         return (rows[-1][0] if rows else after), entries
+
+    def read_waiters(self, now: float | None = None) -> dict[str, dict[str, int]]:
+        """``{scope: {priority: calls waiting}}`` at server time ``now`` (Redis TIME when None).
+
+        Reads the whole capped event stream: a wait older than the stream's
+        last ``maxlen`` events is no longer seen.
+        """
+        try:
+            if now is None:
+                seconds, micros = self._client.time()
+                now = float(seconds) + float(micros) / 1_000_000
+            rows = self._client.xrange(events_key(self.prefix))
+        except self._redis.RedisError as exc:
+            raise BackendError(f"cannot read the events from Redis at {self.url}: {exc}") from exc
+        return waiters(rows, now)
 
     def read(self) -> Snapshot:
         """Every configured scope and every scope with state in Redis, now."""
@@ -141,6 +160,9 @@ class RedisStateReader:
                 found.setdefault(parsed[1], set()).add(parsed[0])
         seconds, micros = client.time()
         now = float(seconds) + float(micros) / 1_000_000
+        waiting = waiters(client.xrange(events_key(self.prefix)), now)
+        for scope in waiting:  # a call may wait on a scope the limiter holds nothing for
+            found.setdefault(scope, set())
         scopes = sorted(found)
         pipe = client.pipeline(transaction=False)
         for scope in scopes:
@@ -157,5 +179,9 @@ class RedisStateReader:
             raw = RawScope(scope, state, pause, int(leases or 0), learned or {})
             profile = self._profiles.profile_of(scope)
             spec = self.limits.get(scope)
-            states.append(scope_state(raw, spec, now, aimd=self.aimd, profile=profile))
+            states.append(
+                scope_state(
+                    raw, spec, now, aimd=self.aimd, profile=profile, waiters=waiting.get(scope)
+                )
+            )
         return Snapshot(at=_at(now), prefix=self.prefix, scopes=tuple(states))

@@ -85,6 +85,9 @@ class ScopeState:
     dimensions: tuple[DimensionState, ...] = ()
     learned: Mapping[str, int] = field(default_factory=dict)  # from the provider's headers
     governed_by: str | None = None  # "configured", "learned", or None: no limits
+    # Calls sleeping on the scope now, by priority, from the shared event stream
+    # (rateloop.observe.waiters); empty when no RedisEventSink writes there.
+    waiters: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def paused(self) -> bool:
@@ -173,12 +176,15 @@ def scope_state(
     *,
     aimd: AIMD | None = None,
     profile: AccountingProfile | None = None,
+    waiters: Mapping[str, int] | None = None,
 ) -> ScopeState:
     """The state of one scope at server time ``now`` (seconds since the epoch).
 
     ``profile`` is how the scope's provider charges usage (it sets the
     default burst); by default the profile of the scope's provider, as
-    :meth:`~rateloop.admission.Limiter.profile_of` finds it.
+    :meth:`~rateloop.admission.Limiter.profile_of` finds it.  ``waiters``
+    is the scope's calls waiting now by priority
+    (:func:`rateloop.observe.waiters.waiters`).
     """
     aimd = aimd or AIMD()
     learned = _learned(raw.learned)
@@ -243,4 +249,5 @@ def scope_state(
         pause_reason=reason,
         leases=raw.leases,
         dimensions=tuple(dims),
+        waiters=dict(waiters or {}),
     )

@@ -16,7 +16,10 @@ Gauges (Prometheus names; OpenTelemetry uses ``rateloop.scope.<name>``):
   governing limit x the AIMD factor, lowered by 429s despite admission);
 - ``rateloop_scope_aimd_factor{scope}``, ``rateloop_scope_leases{scope}``;
 - ``rateloop_scope_paused{scope}`` (0/1) and
-  ``rateloop_scope_pause_remaining_seconds{scope}``.
+  ``rateloop_scope_pause_remaining_seconds{scope}``;
+- ``rateloop_scope_waiters{scope, priority}``: calls sleeping on the scope
+  now, by priority, from the shared event stream
+  (:mod:`rateloop.observe.waiters`; a scope with none has no series).
 
 With a task store (``store=``), the queue too (``rateloop.queue.<name>``):
 
@@ -47,17 +50,21 @@ __all__ = [
     "queue_values",
 ]
 
-#: name -> (description, per dimension?)
-GAUGES: dict[str, tuple[str, bool]] = {
-    "headroom": ("Units free now in the scope's dimension.", True),
-    "capacity": ("Units that may be in use at once (burst x limit, day limit, slots).", True),
-    "limit_configured": ("The limit as configured (per minute, per day, or slots).", True),
-    "limit_learned": ("The limit learned from the provider's headers (zero-config).", True),
-    "limit_effective": ("The configured limit scaled by the scope's AIMD factor.", True),
-    "aimd_factor": ("The scope's AIMD factor (1 unless 429s despite admission lowered it).", False),
-    "leases": ("Concurrency leases held now.", False),
-    "paused": ("1 while the scope is paused for every worker.", False),
-    "pause_remaining_seconds": ("Seconds until the scope's pause ends.", False),
+#: name -> (description, the label besides ``scope``, if any)
+GAUGES: dict[str, tuple[str, str | None]] = {
+    "headroom": ("Units free now in the scope's dimension.", "dimension"),
+    "capacity": (
+        "Units that may be in use at once (burst x limit, day limit, slots).",
+        "dimension",
+    ),
+    "limit_configured": ("The limit as configured (per minute, per day, or slots).", "dimension"),
+    "limit_learned": ("The limit learned from the provider's headers (zero-config).", "dimension"),
+    "limit_effective": ("The configured limit scaled by the scope's AIMD factor.", "dimension"),
+    "aimd_factor": ("The scope's AIMD factor (1 unless 429s despite admission lowered it).", None),
+    "leases": ("Concurrency leases held now.", None),
+    "paused": ("1 while the scope is paused for every worker.", None),
+    "pause_remaining_seconds": ("Seconds until the scope's pause ends.", None),
+    "waiters": ("Calls sleeping on the scope now before an attempt, by priority.", "priority"),
 }
 
 
@@ -106,6 +113,8 @@ def gauge_values(snap: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]
         out["paused"].append((scope, 1.0 if s.paused else 0.0))
         remaining = (s.paused_until - snap.at).total_seconds() if s.paused_until else 0.0
         out["pause_remaining_seconds"].append((scope, max(0.0, remaining)))
+        for priority, n in s.waiters.items():
+            out["waiters"].append(({"scope": s.scope, "priority": priority}, float(n)))
         for d in s.dimensions:
             labels = {"scope": s.scope, "dimension": d.dimension}
             out["headroom"].append((labels, d.headroom))
@@ -160,8 +169,8 @@ class ScopeStateCollector:
 
         snap = self._reader.read()
         values = gauge_values(snap)
-        for name, (doc, per_dimension) in GAUGES.items():
-            labels = ["scope", "dimension"] if per_dimension else ["scope"]
+        for name, (doc, label) in GAUGES.items():
+            labels = ["scope", label] if label else ["scope"]
             family = GaugeMetricFamily(f"{self.namespace}_scope_{name}", doc, labels=labels)
             for lv, v in values[name]:
                 family.add_metric([lv[k] for k in labels], v)

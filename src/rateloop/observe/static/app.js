@@ -41,6 +41,19 @@ function gauge(d, learned) {
   );
 }
 
+// The calls sleeping on the scope now, by priority (read from the shared event stream).
+function waitersLine(waiters) {
+  const entries = Object.entries(waiters);
+  const total = entries.reduce((sum, [, n]) => sum + n, 0);
+  const line = el("p", { class: "waiters", "data-waiting": String(total) }, "waiting: ");
+  if (!total) line.append("none");
+  entries.forEach(([priority, n], i) => {
+    if (i) line.append(" · ");
+    line.append(el("span", { class: "waiter", "data-priority": priority }, `${priority} ${n}`));
+  });
+  return line;
+}
+
 function drawScopes(snapshot) {
   const box = $("scopes");
   box.replaceChildren();
@@ -56,6 +69,7 @@ function drawScopes(snapshot) {
       el("h3", {}, s.scope, el("span", { class: "badge" }, pauseText(s, now)),
         el("span", { class: "meta" }, `AIMD ${s.factor.toFixed(2)} · leases ${s.leases}`)),
     );
+    card.append(waitersLine(s.waiters || {}));
     if (!s.dimensions.length) {
       card.append(el("p", { class: "empty" }, s.configured ? "no limited dimension" : "no configured limits (start with --config)"));
     }
