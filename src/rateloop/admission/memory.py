@@ -171,20 +171,27 @@ class MemoryBackend:
         return check.rate * state.factor_at(now, aimd)
 
     def _admit(self, op: AdmitOp, now: float) -> AdmitResult:
-        """Compute every wait first; apply only when all are zero.  (The hot path.)
+        """Compute every wait first; apply only when all are zero -- or booked.  (The hot path.)
+
+        A booking (``op.book``) applies the same writes when only bucket
+        levels make the call wait, at most ``book`` seconds: each bucket's
+        level then exceeds the allowance by exactly what drains before the
+        start, so the call starts on a level within it and later calls queue
+        behind it, first come first served.
 
         Written for speed: locals instead of repeated attribute loads, the
         fused :func:`bucket_fit`, and the granted result built with
         ``tuple.__new__`` (a NamedTuple's own constructor is Python code).
         """
-        plan, amounts, allowances, lease_id, aimd = op  # one unpack, not five field loads
+        plan, amounts, allowances, lease_id, aimd, book = op  # one unpack, not six loads
         scopes = self._scopes
         wait = 0.0
+        hard = 0.0  # the longest wait a booking cannot cover (pause, day, lease, block)
         blame: tuple[str, Dimension | None, str | None] | None = None
         for key in plan.scopes:
             state = scopes.get(key)
             if state is not None and state.paused_until - now > wait:
-                wait = state.paused_until - now
+                wait = hard = state.paused_until - now
                 blame = (key, None, state.pause_reason)
         wall: float | None = None
         staged: list[tuple[Check, _Scope, Any, float, int]] = []
@@ -208,8 +215,9 @@ class MemoryBackend:
                 if state.factor < 1.0 and check.scaled:
                     rate *= state.factor_at(now, aimd)
                 level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
-                if bucket.blocked_until > now and bucket.blocked_until - now > w:
-                    w = bucket.blocked_until - now
+                if bucket.blocked_until > now:
+                    hard = max(hard, bucket.blocked_until - now)
+                    w = max(w, hard)
                 staged.append((check, state, bucket, level + amount, 0))
             elif kind is _DAY:
                 day = state.days.get(check.dimension)
@@ -221,14 +229,17 @@ class MemoryBackend:
                 count = day.count if day.index == index else 0.0
                 w = end - wall if count + amount > allowed else 0.0
                 w = max(w, day.blocked_until - now)
+                hard = max(hard, w)
                 staged.append((check, state, day, count + amount, index))
             else:
                 w = _lease_wait(state, now, allowed)
+                hard = max(hard, w)
                 staged.append((check, state, None, 0.0, 0))
             if w > wait:
                 wait = w
                 blame = (check.scope, check.dimension, None)
-        if blame is not None:
+        starts_in = 0.0
+        if blame is not None and (hard > 0.0 or wait > book):
             scope, dimension, reason = blame
             return AdmitResult(
                 granted=False,
@@ -238,6 +249,8 @@ class MemoryBackend:
                 dimension=dimension,
                 paused_reason=reason,
             )
+        if blame is not None:  # only bucket levels make it wait, within ``book``: booked
+            starts_in = wait
         for check, state, slot, value, index in staged:
             if slot is None:
                 if lease_id is not None:
@@ -248,7 +261,7 @@ class MemoryBackend:
             else:
                 slot.count = value
                 slot.index = index
-        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None))
+        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, starts_in))
 
     def _settle(self, op: SettleOp, now: float) -> float:
         scopes = self._scopes
