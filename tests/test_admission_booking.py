@@ -179,3 +179,18 @@ def test_reserve_books_and_sleeps_exactly_until_its_start(clock: FakeClock) -> N
     limiter.try_reserve(ROUTE, Cost(), book_within=5)  # books the next 1 s
     with pytest.raises(AdmissionTimeout):
         limiter.reserve(ROUTE, Cost(), deadline=1.5)
+
+
+def test_every_bucket_of_a_booking_is_charged_at_its_start(limiter: Limiter) -> None:
+    # 1 request a second (burst 1) and 10 tokens a second (burst 10).
+    limiter.set_limits(MODEL, spec(requests_per_minute=60, tokens_per_minute=600, burst=1 / 60))
+    granted(limiter.try_reserve(ROUTE, Cost(input_tokens=10)))
+    # Waits 1 s for the tokens (a big call goes from an idle bucket).
+    big = granted(limiter.try_reserve(ROUTE, Cost(input_tokens=30), book_within=60))
+    # Its request is charged at its start (1 s), not now: the next request slot is at
+    # 2 s, and the tokens at 1 + (30 + 1 - 10) / 10 = 3.1 s.
+    small = granted(limiter.try_reserve(ROUTE, Cost(input_tokens=1), book_within=60))
+    # Then the requests bind: one second after 3.1.
+    empty = granted(limiter.try_reserve(ROUTE, Cost(), book_within=60))
+    starts = [big.starts_in, small.starts_in, empty.starts_in]
+    assert starts == pytest.approx([1.0, 3.1, 4.1], abs=TOL)

@@ -200,3 +200,38 @@ def test_booking_never_starts_more_than_the_bound(
     starts.sort()
     largest = max((amount for _, amount in starts), default=0.0)
     assert worst_window_excess(starts, max(capacity, largest), per_minute / 60.0) <= EPS
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    attempts=attempts,
+    rpm=st.integers(min_value=6, max_value=120),
+    tpm=st.integers(min_value=60, max_value=1200),
+    book_within=st.sampled_from([0.5, 5.0, 60.0]),
+)
+def test_booking_holds_every_dimension_of_a_call(
+    attempts: list[tuple[float, int]], rpm: int, tpm: int, book_within: float
+) -> None:
+    """Requests and tokens at once: a call waiting on tokens must not use its request
+    slot before it starts (each bucket is charged at the call's start, not its grant)."""
+    clock = FakeClock()
+    limiter = Limiter(
+        limits={"p:m": LimitSpec(requests_per_minute=rpm, tokens_per_minute=tpm, burst=0.1)},
+        clock=clock,
+    )
+    route = Route(provider="p", model="m")
+    requests: list[tuple[float, float]] = []
+    tokens: list[tuple[float, float]] = []
+    for dt, amount in attempts:
+        clock.advance(dt)
+        r = limiter.try_reserve(route, Cost(input_tokens=amount), book_within=book_within)
+        if isinstance(r, Reservation):
+            start = clock.monotonic() + r.starts_in
+            requests.append((start, 1.0))
+            tokens.append((start, float(amount)))
+    requests.sort()
+    tokens.sort()
+    r_cap, t_cap = max(0.1 * rpm, 1.0), max(0.1 * tpm, 1.0)
+    largest = max((a for _, a in tokens), default=0.0)
+    assert worst_window_excess(requests, r_cap, rpm / 60.0) <= EPS
+    assert worst_window_excess(tokens, max(t_cap, largest), tpm / 60.0) <= EPS

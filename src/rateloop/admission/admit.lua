@@ -69,9 +69,14 @@ for _, c in ipairs(checks) do
   if c.kind == 'b' then
     c.eff = c.rate
     if c.scaled then c.eff = c.rate * map.factor end
-    c.level = drained(num(map[c.field .. ':l'], 0), num(map[c.field .. ':t'], now), now, c.eff)
+    -- A bucket booked ahead holds its level at its last start (ts > now): a call starts
+    -- after it.  c.level is the level at c.base.
+    local ts = num(map[c.field .. ':t'], now)
+    c.base = math.max(ts, now)
+    c.level = drained(num(map[c.field .. ':l'], 0), ts, c.base, c.eff)
     local over = c.level + c.amount - c.allowed
-    if over > 0 then w = over / c.eff end
+    w = c.base - now
+    if over > 0 then w = w + over / c.eff end
     c.block = num(map[c.field .. ':b'], 0)
     hard = math.max(hard, c.block - now)
     w = math.max(w, c.block - now)
@@ -102,6 +107,8 @@ if wait > 0 and (hard > 0 or wait > book) then
   return {0, fmt(now), fmt(wait), w_scope, w_field, 0, paused, reason}
 end
 
+-- Booked (wait > 0): each bucket is charged at the start, now + wait.
+local at = now + wait
 local writes, ttl = {}, {}
 for _, c in ipairs(checks) do
   local s = c.scope
@@ -112,11 +119,11 @@ for _, c in ipairs(checks) do
     if factor < 1 then ttl[s] = (1 - factor) / recover end
   end
   if c.kind == 'b' then
-    local level = c.level + c.amount
+    local level = math.max(0, c.level - (at - c.base) * c.eff) + c.amount
     local list = writes[s]
     list[#list + 1] = c.field .. ':l'; list[#list + 1] = fmt(level)
-    list[#list + 1] = c.field .. ':t'; list[#list + 1] = fmt(now)
-    ttl[s] = math.max(ttl[s], level / c.eff, c.block - now)
+    list[#list + 1] = c.field .. ':t'; list[#list + 1] = fmt(at)
+    ttl[s] = math.max(ttl[s], at - now + level / c.eff, c.block - now)
   elseif c.kind == 'd' then
     local list = writes[s]
     list[#list + 1] = c.field .. ':c'; list[#list + 1] = fmt(c.count + c.amount)

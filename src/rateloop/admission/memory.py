@@ -88,6 +88,36 @@ def _lease_wait(state: _Scope, now: float, allowed: float) -> float:
     return max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
 
 
+def _apply_booked(
+    staged: list[tuple[Check, _Scope, Any, float, float]],
+    amounts: tuple[float, ...],
+    now: float,
+    starts_in: float,
+    lease_id: str | None,
+) -> None:
+    """Charge a booked call at its start: each bucket holds its level *at* the start.
+
+    A bucket's ``ts`` then lies ahead (the latest start booked on it): it does
+    not drain before it, later calls start after it, and every bucket sees its
+    charges in the order of their starts -- an ordinary bucket over start
+    times, so the bound of :mod:`gcra` holds for the units starting in any
+    window.  A booking has no day window or lease wait (those are never
+    booked), so those are applied as for a call that starts now.
+    """
+    at = now + starts_in
+    for (check, state, slot, value, extra), amount in zip(staged, amounts, strict=True):
+        if slot is None:
+            if lease_id is not None:
+                state.leases[lease_id] = now + check.ttl
+        elif type(slot) is Bucket:
+            base = max(slot.ts, now)  # ``value - amount`` is the level at ``base``
+            slot.level = max(0.0, value - amount - (at - base) * extra) + amount
+            slot.ts = at
+        else:
+            slot.count = value
+            slot.index = int(extra)
+
+
 class MemoryBackend:
     """Limiter state in this process only (``memory://``)."""
 
@@ -194,7 +224,8 @@ class MemoryBackend:
                 wait = hard = state.paused_until - now
                 blame = (key, None, state.pause_reason)
         wall: float | None = None
-        staged: list[tuple[Check, _Scope, Any, float, int]] = []
+        # (check, state, slot, new value, rate of a bucket | index of a day window)
+        staged: list[tuple[Check, _Scope, Any, float, float]] = []
         # Parallel tuples of one plan (no ``strict=``: it costs on the hot path).
         for check, amount, allowed in zip(plan.checks, amounts, allowances):  # noqa: B905
             if amount > allowed:
@@ -214,11 +245,16 @@ class MemoryBackend:
                 rate = check.rate
                 if state.factor < 1.0 and check.scaled:
                     rate *= state.factor_at(now, aimd)
-                level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
+                if bucket.ts > now:
+                    # Booked ahead: charged at its start, so a call starts after it.
+                    level = bucket.level
+                    w = bucket.ts - now + max(0.0, level + amount - allowed) / rate
+                else:
+                    level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
                 if bucket.blocked_until > now:
                     hard = max(hard, bucket.blocked_until - now)
                     w = max(w, hard)
-                staged.append((check, state, bucket, level + amount, 0))
+                staged.append((check, state, bucket, level + amount, rate))
             elif kind is _DAY:
                 day = state.days.get(check.dimension)
                 if day is None:
@@ -238,7 +274,6 @@ class MemoryBackend:
             if w > wait:
                 wait = w
                 blame = (check.scope, check.dimension, None)
-        starts_in = 0.0
         if blame is not None and (hard > 0.0 or wait > book):
             scope, dimension, reason = blame
             return AdmitResult(
@@ -250,8 +285,9 @@ class MemoryBackend:
                 paused_reason=reason,
             )
         if blame is not None:  # only bucket levels make it wait, within ``book``: booked
-            starts_in = wait
-        for check, state, slot, value, index in staged:
+            _apply_booked(staged, amounts, now, wait, lease_id)
+            return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, wait))
+        for check, state, slot, value, extra in staged:
             if slot is None:
                 if lease_id is not None:
                     state.leases[lease_id] = now + check.ttl
@@ -260,8 +296,8 @@ class MemoryBackend:
                 slot.ts = now
             else:
                 slot.count = value
-                slot.index = index
-        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, starts_in))
+                slot.index = int(extra)
+        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0))
 
     def _settle(self, op: SettleOp, now: float) -> float:
         scopes = self._scopes
@@ -271,8 +307,9 @@ class MemoryBackend:
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
             rate = self._rate(check, state, now, op.aimd)
-            bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
-            bucket.ts = now
+            at = max(bucket.ts, now)  # a bucket booked ahead changes at its last start
+            bucket.level = max(0.0, drained(bucket.level, bucket.ts, at, rate) + delta)
+            bucket.ts = at
         lease_id = op.lease_id
         if lease_id is not None:
             lease_scope = op.plan.lease_scope
@@ -307,10 +344,11 @@ class MemoryBackend:
             if check.kind is CheckKind.BUCKET:
                 bucket = state.buckets.setdefault(name, Bucket())
                 rate = self._rate(check, state, now, op.aimd)
-                level = drained(bucket.level, bucket.ts, now, rate)
+                at = max(bucket.ts, now)  # a bucket booked ahead changes at its last start
+                level = drained(bucket.level, bucket.ts, at, rate)
                 if t.remaining is not None:
                     level = max(level, check.capacity - t.remaining)
-                bucket.level, bucket.ts = level, now
+                bucket.level, bucket.ts = level, at
                 bucket.blocked_until = max(bucket.blocked_until, block)
             elif check.kind is CheckKind.DAY:
                 day = state.days.setdefault(name, _Day())

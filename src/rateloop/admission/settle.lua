@@ -14,9 +14,12 @@ while i <= #ARGV do
   local rate = tonumber(ARGV[i + 2])
   local v = redis.call('HMGET', h, field .. ':l', field .. ':t', 'x', 'f', 'fs')
   if ARGV[i + 3] == '1' then rate = rate * factor_of(v[4], v[5], now, recover) end
-  local level = math.max(0, drained(num(v[1], 0), num(v[2], now), now, rate) + tonumber(ARGV[i + 4]))
-  local list = {field .. ':l', fmt(level), field .. ':t', fmt(now)}
-  local ms = extend(list, v[3], now, level / rate)
+  -- A bucket booked ahead (its ts after now) changes at its last start.
+  local ts = num(v[2], now)
+  local at = math.max(ts, now)
+  local level = math.max(0, drained(num(v[1], 0), ts, at, rate) + tonumber(ARGV[i + 4]))
+  local list = {field .. ':l', fmt(level), field .. ':t', fmt(at)}
+  local ms = extend(list, v[3], now, at - now + level / rate)
   redis.call('HSET', h, unpack(list))
   if ms then redis.call('PEXPIRE', h, ms) end
   i = i + 5
