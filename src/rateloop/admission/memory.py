@@ -301,15 +301,25 @@ class MemoryBackend:
 
     def _settle(self, op: SettleOp, now: float) -> float:
         scopes = self._scopes
+        since = max(now, op.starts_at)
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
             rate = self._rate(check, state, now, op.aimd)
-            at = max(bucket.ts, now)  # a bucket booked ahead changes at its last start
-            bucket.level = max(0.0, drained(bucket.level, bucket.ts, at, rate) + delta)
-            bucket.ts = at
+            if bucket.ts > now:
+                # Booked ahead: the state is the level at its last start.  A refund
+                # lowers that level by at most what would not have drained between
+                # the reservation's own start (or now) and then -- the bucket may
+                # empty in between, which the state no longer shows.
+                change = delta
+                if change < 0.0:
+                    change = min(0.0, change + max(0.0, bucket.ts - since) * rate)
+                bucket.level = max(0.0, bucket.level + change)
+            else:
+                bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
+                bucket.ts = now
         lease_id = op.lease_id
         if lease_id is not None:
             lease_scope = op.plan.lease_scope

@@ -399,6 +399,9 @@ class SettleOp(NamedTuple):
     deltas: tuple[float, ...]
     lease_id: str | None
     aimd: AIMD
+    #: The backend time the reservation started (granted_at + starts_in): a refund on
+    #: a bucket booked further ahead counts from it.
+    starts_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -383,7 +383,12 @@ class RedisBackend:
         plan = op.plan
         _, _, index, keys, _, _ = self._encoded(plan)
         has_lease = plan.lease_scope is not None and op.lease_id is not None
-        args = [_fmt(op.aimd.recover_per_second), "1" if has_lease else "0", op.lease_id or ""]
+        args = [
+            _fmt(op.aimd.recover_per_second),
+            "1" if has_lease else "0",
+            op.lease_id or "",
+            _fmt(op.starts_at),
+        ]
         for c, delta in zip(op.checks, op.deltas, strict=True):
             args += [
                 str(index[c.scope]),

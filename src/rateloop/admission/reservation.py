@@ -215,7 +215,14 @@ class Reservation:
             return None
         return _new_tuple(
             SettleOp,
-            (self.plan, tuple(checks), tuple(values), self.lease_id, self._limiter.aimd),
+            (
+                self.plan,
+                tuple(checks),
+                tuple(values),
+                self.lease_id,
+                self._limiter.aimd,
+                self.granted_at + self.starts_in,
+            ),
         )
 
     def _claim(self) -> bool:
