@@ -18,7 +18,9 @@ backend again after :data:`LOCAL_RETRY_SECONDS`.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import itertools
 import math
 import random
@@ -740,14 +742,20 @@ class Limiter:
     ) -> Reservation | Denied:
         """``try_reserve(route, cost, priority=priority, book_within=within)``, positionally.
 
-        For the loop, whose limiter effects pass positional arguments.
+        For the loop, whose limiter effects pass positional arguments.  A
+        subclass whose ``try_reserve`` predates ``book_within`` is asked
+        without it (no booking) rather than given an argument it rejects.
         """
-        return self.try_reserve(route, cost, priority=priority, book_within=within)
+        if _books(type(self).try_reserve):
+            return self.try_reserve(route, cost, priority=priority, book_within=within)
+        return self.try_reserve(route, cost, priority=priority)
 
     async def atry_book(
         self, route: Route, cost: Cost, priority: str, within: float
     ) -> Reservation | Denied:
-        return await self.atry_reserve(route, cost, priority=priority, book_within=within)
+        if _books(type(self).atry_reserve):
+            return await self.atry_reserve(route, cost, priority=priority, book_within=within)
+        return await self.atry_reserve(route, cost, priority=priority)
 
     def reserve(
         self,
@@ -818,6 +826,18 @@ class Limiter:
 
     async def aclose(self) -> None:
         await self._backend.aclose()
+
+
+@functools.cache
+def _books(method: object) -> bool:
+    """Does this ``try_reserve`` (an override's, maybe) take ``book_within``?"""
+    try:
+        params = inspect.signature(cast(Any, method)).parameters
+    except (TypeError, ValueError):
+        return False
+    return "book_within" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
 
 
 def _book_seconds(within: object) -> float:
