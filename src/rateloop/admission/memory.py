@@ -356,8 +356,8 @@ class MemoryBackend:
                 rate = self._rate(check, state, now, op.aimd)
                 at = max(bucket.ts, now)  # a bucket booked ahead changes at its last start
                 level = drained(bucket.level, bucket.ts, at, rate)
-                if t.remaining is not None:
-                    level = max(level, check.capacity - t.remaining)
+                if t.remaining is not None:  # said of now: drained until ``at``
+                    level = max(level, check.capacity - t.remaining - (at - now) * rate)
                 bucket.level, bucket.ts = level, at
                 bucket.blocked_until = max(bucket.blocked_until, block)
             elif check.kind is CheckKind.DAY:

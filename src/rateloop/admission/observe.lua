@@ -38,7 +38,8 @@ while i <= #ARGV do
     local ts = num(v[2], now)
     local at = math.max(ts, now)  -- a bucket booked ahead changes at its last start
     local level = drained(num(v[1], 0), ts, at, rate)
-    if remaining ~= nil then level = math.max(level, capacity - remaining) end
+    -- remaining is said of now: drained until at
+    if remaining ~= nil then level = math.max(level, capacity - remaining - (at - now) * rate) end
     writes[#writes + 1] = field .. ':l'; writes[#writes + 1] = fmt(level)
     writes[#writes + 1] = field .. ':t'; writes[#writes + 1] = fmt(at)
     ttl = math.max(ttl, at - now + level / rate)
