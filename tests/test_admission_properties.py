@@ -7,6 +7,7 @@ any closed window of length ``W``.
 
 from __future__ import annotations
 
+import heapq
 import random
 
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from rateloop.admission.gcra import bucket_fit, bucket_wait, day_window, drained, pause_spread
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.reservation import Denied
+from rateloop.admission.reservation import Denied, Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
@@ -144,3 +145,93 @@ def test_pause_spread_is_small(remaining: float) -> None:
     rng = random.Random(3)
     spread = pause_spread(remaining, rng.random())
     assert 0 <= spread <= min(1.0, 0.1 * remaining)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    attempts=attempts,
+    per_minute=st.integers(min_value=1, max_value=600),
+    burst=st.sampled_from([1 / 60, 0.1, 0.5]),
+    book_within=st.sampled_from([0.0, 0.5, 5.0, 60.0]),
+    settle_fraction=st.sampled_from([1.0, 0.5, 0.0]),
+)
+def test_booking_never_starts_more_than_the_bound(
+    attempts: list[tuple[float, int]],
+    per_minute: int,
+    burst: float,
+    book_within: float,
+    settle_fraction: float,
+) -> None:
+    """Booked starts: the units *starting* in any window stay within the bound.
+
+    Each booking starts ``starts_in`` after its grant and is settled when it
+    starts (the call ran), as the loop does; what counts is its usage at its start.
+    """
+    clock = FakeClock()
+    limiter = Limiter(
+        limits={"p:m": LimitSpec(tokens_per_minute=per_minute, burst=burst)}, clock=clock
+    )
+    route = Route(provider="p", model="m")
+    capacity = max(burst * per_minute, 1.0)
+    pending: list[tuple[float, int, Reservation, float]] = []  # (start, seq, r, amount)
+    starts: list[tuple[float, float]] = []
+    seq = 0
+
+    def settle_until(t: float) -> None:
+        while pending and pending[0][0] <= t:
+            start, _, r, amount = heapq.heappop(pending)
+            clock.advance(max(0.0, start - clock.monotonic()))
+            used = int(amount * settle_fraction)
+            r.settle(used, 0)
+            starts.append((start, float(used)))
+
+    for dt, amount in attempts:
+        target = clock.monotonic() + dt
+        settle_until(target)
+        clock.advance(target - clock.monotonic())
+        r = limiter.try_reserve(route, Cost(input_tokens=amount), book_within=book_within)
+        if isinstance(r, Denied):
+            assert r.never_fits or r.retry_after > book_within
+            continue
+        assert 0.0 <= r.starts_in <= book_within
+        seq += 1
+        heapq.heappush(pending, (clock.monotonic() + r.starts_in, seq, r, float(amount)))
+    settle_until(float("inf"))
+    starts.sort()
+    largest = max((amount for _, amount in starts), default=0.0)
+    assert worst_window_excess(starts, max(capacity, largest), per_minute / 60.0) <= EPS
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    attempts=attempts,
+    rpm=st.integers(min_value=6, max_value=120),
+    tpm=st.integers(min_value=60, max_value=1200),
+    book_within=st.sampled_from([0.5, 5.0, 60.0]),
+)
+def test_booking_holds_every_dimension_of_a_call(
+    attempts: list[tuple[float, int]], rpm: int, tpm: int, book_within: float
+) -> None:
+    """Requests and tokens at once: a call waiting on tokens must not use its request
+    slot before it starts (each bucket is charged at the call's start, not its grant)."""
+    clock = FakeClock()
+    limiter = Limiter(
+        limits={"p:m": LimitSpec(requests_per_minute=rpm, tokens_per_minute=tpm, burst=0.1)},
+        clock=clock,
+    )
+    route = Route(provider="p", model="m")
+    requests: list[tuple[float, float]] = []
+    tokens: list[tuple[float, float]] = []
+    for dt, amount in attempts:
+        clock.advance(dt)
+        r = limiter.try_reserve(route, Cost(input_tokens=amount), book_within=book_within)
+        if isinstance(r, Reservation):
+            start = clock.monotonic() + r.starts_in
+            requests.append((start, 1.0))
+            tokens.append((start, float(amount)))
+    requests.sort()
+    tokens.sort()
+    r_cap, t_cap = max(0.1 * rpm, 1.0), max(0.1 * tpm, 1.0)
+    largest = max((a for _, a in tokens), default=0.0)
+    assert worst_window_excess(requests, r_cap, rpm / 60.0) <= EPS
+    assert worst_window_excess(tokens, max(t_cap, largest), tpm / 60.0) <= EPS

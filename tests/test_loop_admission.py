@@ -290,3 +290,87 @@ def test_an_admission_wait_that_cannot_fit_falls_back_at_once(
     assert out.status is Status.DEGRADED and out.value == "from the backup"
     assert fn.models == ["gpt-5", "claude"] and clock.sleeps == []
     assert [e.decision for e in out.events][:1] == ["fallback"]
+
+
+class StillClock(FakeClock):
+    """Time that does not move while callers sleep: 30 callers admitted at one instant.
+
+    Records each sleep (as FakeClock does) without advancing, and lets other
+    tasks run on an async sleep, so callers on it are concurrent at ``t = 0``.
+    """
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        # Callers that poll (deny, sleep, ask again) would spin here forever: fail instead.
+        assert len(self.sleeps) <= 60, "callers polled instead of booking their start"
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+        await asyncio.sleep(0)
+
+
+def booked(outcome: Any) -> list[float]:
+    return [e.wait_seconds for e in outcome.events if e.decision == "admission_wait"]
+
+
+def test_thirty_callers_on_one_bucket_are_served_in_booking_order() -> None:
+    clock = StillClock()
+    # 20 requests a second, one second of burst: 20 go now, then one every 50 ms.
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1200)}, clock=clock)
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    order: list[int] = []
+
+    def caller(i: int) -> Any:
+        def fn(route: Route) -> httpx.Response:
+            order.append(i)
+            return ok()
+
+        return fn
+
+    outcomes = [loop.call(caller(i), route=ROUTE) for i in range(30)]
+    assert all(o.ok for o in outcomes) and order == list(range(30))
+    expected = [0.05 * k for k in range(1, 11)]
+    assert [w for o in outcomes for w in booked(o)] == pytest.approx(expected)
+    assert clock.sleeps == pytest.approx(expected)  # each sleeps its booking, once
+    # No caller was denied and asked again: one admission wait each, all booked.
+    reasons = [e.reason for o in outcomes for e in o.events if e.decision == "admission_wait"]
+    assert all(r.startswith("booked capacity") for r in reasons)
+
+
+def test_thirty_async_callers_on_one_bucket_are_served_in_booking_order() -> None:
+    clock = StillClock()
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=1200)}, clock=clock)
+    loop = AsyncRateLoop(policy(), limiter=limiter, clock=clock)
+    order: list[int] = []
+
+    async def one(i: int) -> Any:
+        async def fn(route: Route) -> httpx.Response:
+            order.append(i)
+            return ok()
+
+        return await loop.call(fn, route=ROUTE)
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(one(i) for i in range(30)))
+
+    outcomes = asyncio.run(main())
+    assert all(o.ok for o in outcomes)
+    waits = [booked(o) for o in outcomes]
+    # Booked in task order: the first 20 go now, then 50 ms apart, and each task
+    # slept exactly its booking (one wait, no denial).
+    assert waits[:20] == [[]] * 20
+    assert [w[0] for w in waits[20:]] == pytest.approx([0.05 * k for k in range(1, 11)])
+    assert sorted(clock.sleeps) == pytest.approx([0.05 * k for k in range(1, 11)])
+    assert order[:20] == list(range(20)) and sorted(order[20:]) == list(range(20, 30))
+
+
+def test_a_booking_beyond_the_deadline_is_not_taken(clock: FakeClock) -> None:
+    _, loop = make(clock, requests_per_minute=60, burst=1 / 60)  # one a second
+    fn = FaultScript([ok()])
+    assert loop.call(fn, route=ROUTE).ok
+    assert loop.call(fn, route=ROUTE, deadline=2).ok  # booked 1 s ahead
+    assert clock.sleeps == [pytest.approx(1.0)]
+    # The next start is 1 s ahead of now again; a 0.5 s deadline cannot afford it.
+    out = loop.call(fn, route=ROUTE, deadline=0.5)
+    assert out.status is Status.WAITING_FOR_CAPACITY
+    assert len(fn.calls) == 2

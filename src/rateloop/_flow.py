@@ -45,6 +45,7 @@ from rateloop._effects import (
     sdk_retries,
     usage_of,
 )
+from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
 from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import classify_exception, classify_response
@@ -267,9 +268,25 @@ class _BaseRateLoop:
                 self._check_limits_keys(route)
             if limiter is not None:
                 while True:
-                    granted = yield Admit(route, spec.cost, spec.priority)
+                    if isinstance(self.limiter, Limiter):  # book a start it can afford
+                        left = budget.time_left(clock.monotonic())
+                        afford = policy.pause_limit_secs if left is None else left
+                        afford = max(0.0, min(afford, policy.pause_limit_secs))
+                        args = (route, spec.cost, spec.priority, afford)
+                        granted = yield LimiterCall(self.limiter, "try_book", args)
+                    else:
+                        granted = yield Admit(route, spec.cost, spec.priority)
                     if not isinstance(granted, Denied):
                         reservation = granted
+                        if getattr(granted, "starts_in", 0.0) > 0:
+                            try:
+                                why = f"booked capacity on {route.scope}"
+                                yield wait_for(
+                                    granted.starts_in, DecisionKind.ADMISSION_WAIT, route, why
+                                )
+                            except BaseException:
+                                yield LimiterCall(granted, "release", ())
+                                raise
                         break
                     retry_after = granted.retry_after
                     if granted.never_fits:

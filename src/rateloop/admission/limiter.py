@@ -18,7 +18,9 @@ backend again after :data:`LOCAL_RETRY_SECONDS`.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import itertools
 import math
 import random
@@ -62,10 +64,14 @@ from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
 if TYPE_CHECKING:
     from rateloop.policy import Policy
 
-__all__ = ["LOCAL_RETRY_SECONDS", "Limiter"]
+__all__ = ["LOCAL_RETRY_SECONDS", "MAX_BOOK_SECONDS", "MIN_RETRY_AFTER", "Limiter"]
 
 #: After the shared backend was unreachable, stay local this long before retrying it.
 LOCAL_RETRY_SECONDS = 5.0
+#: A denial's ``retry_after`` is at least this long (seconds).
+MIN_RETRY_AFTER = 0.001
+#: The furthest ahead a start is booked (``reserve`` without a deadline books up to this).
+MAX_BOOK_SECONDS = 3600.0
 
 T = TypeVar("T")
 
@@ -371,19 +377,21 @@ class Limiter:
                     return self._never_fits(plan.checks[never], amounts[never])
                 allowed = plan.allowances(amounts)
             if plan.lease_scope is None:
-                op = _new_tuple(AdmitOp, (plan, amounts, allowed, None, self.aimd))
+                op = _new_tuple(AdmitOp, (plan, amounts, allowed, None, self.aimd, 0.0))
                 plan.last = (cost, amounts, allowed, op)
                 return op
             plan.last = (cost, amounts, allowed, None)
         lease_id = f"{self._lease_prefix}{next(self._lease_counter)}"
-        return _new_tuple(AdmitOp, (plan, amounts, allowed, lease_id, self.aimd))
+        return _new_tuple(AdmitOp, (plan, amounts, allowed, lease_id, self.aimd, 0.0))
 
     def _admit_outcome(self, route: Route, cost: Cost, done: _Done) -> Reservation | Denied:
         """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
         result: AdmitResult = done[0]
         ran: AdmitOp = done[1]
         if result.granted:
-            return Reservation(self, route, cost, ran.plan, ran.lease_id, result.now, done[2])
+            return Reservation(
+                self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
+            )
         if result.never_fits:  # the local share can be smaller than a cost
             i = next(
                 i
@@ -414,12 +422,15 @@ class Limiter:
         cost: Cost,
         priority: str | Priority,
         deadline: float | None = None,
+        book: float = 0.0,
     ) -> _Flow[Reservation | Denied]:
         if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
             self._adopt((yield _Do(refresh, deadline=deadline)))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
+        if book and op.plan.bookable:
+            op = op._replace(book=book)
         done = yield _Do(op, deadline=deadline)
         return self._admit_outcome(route, cost, done)
 
@@ -444,16 +455,28 @@ class Limiter:
             reason = f"scope paused: {result.paused_reason}"
         else:
             reason = f"{dim.value if dim else 'capacity'} limit reached"
+        # At least MIN_RETRY_AFTER: a wait of 0 or a few ulps (a level a rounding
+        # error above its allowance) would have the caller ask again at the same instant.
         return Denied(
-            retry_after=clamp_wait(wait) or 0.0, scope=scope, dimension=dim, reason=reason
+            retry_after=max(clamp_wait(wait) or 0.0, MIN_RETRY_AFTER),
+            scope=scope,
+            dimension=dim,
+            reason=reason,
         )
 
     def _reserve_flow(
         self, route: Route, cost: Cost, priority: str | Priority, deadline: float | None
     ) -> _Flow[Reservation]:
         while True:
-            outcome = yield from self._admit_flow(route, cost, priority, deadline)
+            # Book a start rather than poll: the caller sleeps exactly until its turn,
+            # first come first served, as far ahead as its deadline allows.
+            book = MAX_BOOK_SECONDS
+            if deadline is not None:
+                book = min(book, max(0.0, deadline - self._clock.monotonic()))
+            outcome = yield from self._admit_flow(route, cost, priority, deadline, book)
             if isinstance(outcome, Reservation):
+                if outcome.starts_in > 0:
+                    yield _Sleep(outcome.starts_in)
                 return outcome
             if outcome.never_fits:
                 raise AdmissionRejected(outcome)
@@ -666,9 +689,24 @@ class Limiter:
     # -- the public twins -------------------------------------------------------------------------
 
     def try_reserve(
-        self, route: Route, cost: Cost, *, priority: str = "interactive"
+        self,
+        route: Route,
+        cost: Cost,
+        *,
+        priority: str = "interactive",
+        book_within: float | None = None,
     ) -> Reservation | Denied:
         """Reserve now or say why not and for how long; one backend round trip.
+
+        ``book_within`` (seconds): when only the rate buckets (requests,
+        tokens) make the call wait, and at most that long, grant it now with
+        a start ahead -- ``reservation.starts_in`` seconds, which the caller
+        must wait before calling.  The buckets are charged at once, so later
+        callers queue behind it, first come first served, instead of all
+        polling.  Never booked: a paused scope, a day quota, a concurrency
+        slot, a provider's block, or a lower priority class where a
+        ``reserve`` is kept for the higher ones.  ``None`` (the default):
+        grant only what fits now.
 
         This is ``_admit_flow`` run by hand: the same two halves around one
         step, without a generator, because it is the hottest path.
@@ -678,17 +716,46 @@ class Limiter:
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
+        if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
+            op = op._replace(book=book)
         return self._admit_outcome(route, cost, self._execute(op))
 
     async def atry_reserve(
-        self, route: Route, cost: Cost, *, priority: str = "interactive"
+        self,
+        route: Route,
+        cost: Cost,
+        *,
+        priority: str = "interactive",
+        book_within: float | None = None,
     ) -> Reservation | Denied:
         if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
             self._adopt(await self._aexecute(refresh))
         op = self._admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
+        if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
+            op = op._replace(book=book)
         return self._admit_outcome(route, cost, await self._aexecute(op))
+
+    def try_book(
+        self, route: Route, cost: Cost, priority: str, within: float
+    ) -> Reservation | Denied:
+        """``try_reserve(route, cost, priority=priority, book_within=within)``, positionally.
+
+        For the loop, whose limiter effects pass positional arguments.  A
+        subclass whose ``try_reserve`` predates ``book_within`` is asked
+        without it (no booking) rather than given an argument it rejects.
+        """
+        if _books(type(self).try_reserve):
+            return self.try_reserve(route, cost, priority=priority, book_within=within)
+        return self.try_reserve(route, cost, priority=priority)
+
+    async def atry_book(
+        self, route: Route, cost: Cost, priority: str, within: float
+    ) -> Reservation | Denied:
+        if _books(type(self).atry_reserve):
+            return await self.atry_reserve(route, cost, priority=priority, book_within=within)
+        return await self.atry_reserve(route, cost, priority=priority)
 
     def reserve(
         self,
@@ -759,6 +826,30 @@ class Limiter:
 
     async def aclose(self) -> None:
         await self._backend.aclose()
+
+
+@functools.cache
+def _books(method: object) -> bool:
+    """Does this ``try_reserve`` (an override's, maybe) take ``book_within``?"""
+    try:
+        params = inspect.signature(cast(Any, method)).parameters
+    except (TypeError, ValueError):
+        return False
+    return "book_within" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+def _book_seconds(within: object) -> float:
+    """``book_within`` checked: a number of seconds >= 0, at most :data:`MAX_BOOK_SECONDS`."""
+    if (
+        isinstance(within, bool)
+        or not isinstance(within, int | float)
+        or math.isnan(within)
+        or within < 0
+    ):
+        raise ValueError(f"book_within must be seconds >= 0 (or None), got {within!r}")
+    return min(float(within), MAX_BOOK_SECONDS)
 
 
 def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:

@@ -88,6 +88,36 @@ def _lease_wait(state: _Scope, now: float, allowed: float) -> float:
     return max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
 
 
+def _apply_booked(
+    staged: list[tuple[Check, _Scope, Any, float, float]],
+    amounts: tuple[float, ...],
+    now: float,
+    starts_in: float,
+    lease_id: str | None,
+) -> None:
+    """Charge a booked call at its start: each bucket holds its level *at* the start.
+
+    A bucket's ``ts`` then lies ahead (the latest start booked on it): it does
+    not drain before it, later calls start after it, and every bucket sees its
+    charges in the order of their starts -- an ordinary bucket over start
+    times, so the bound of :mod:`gcra` holds for the units starting in any
+    window.  A booking has no day window or lease wait (those are never
+    booked), so those are applied as for a call that starts now.
+    """
+    at = now + starts_in
+    for (check, state, slot, value, extra), amount in zip(staged, amounts, strict=True):
+        if slot is None:
+            if lease_id is not None:
+                state.leases[lease_id] = now + check.ttl
+        elif type(slot) is Bucket:
+            base = max(slot.ts, now)  # ``value - amount`` is the level at ``base``
+            slot.level = max(0.0, value - amount - (at - base) * extra) + amount
+            slot.ts = at
+        else:
+            slot.count = value
+            slot.index = int(extra)
+
+
 class MemoryBackend:
     """Limiter state in this process only (``memory://``)."""
 
@@ -171,23 +201,31 @@ class MemoryBackend:
         return check.rate * state.factor_at(now, aimd)
 
     def _admit(self, op: AdmitOp, now: float) -> AdmitResult:
-        """Compute every wait first; apply only when all are zero.  (The hot path.)
+        """Compute every wait first; apply only when all are zero -- or booked.  (The hot path.)
+
+        A booking (``op.book``) applies the same writes when only bucket
+        levels make the call wait, at most ``book`` seconds: each bucket's
+        level then exceeds the allowance by exactly what drains before the
+        start, so the call starts on a level within it and later calls queue
+        behind it, first come first served.
 
         Written for speed: locals instead of repeated attribute loads, the
         fused :func:`bucket_fit`, and the granted result built with
         ``tuple.__new__`` (a NamedTuple's own constructor is Python code).
         """
-        plan, amounts, allowances, lease_id, aimd = op  # one unpack, not five field loads
+        plan, amounts, allowances, lease_id, aimd, book = op  # one unpack, not six loads
         scopes = self._scopes
         wait = 0.0
+        hard = 0.0  # the longest wait a booking cannot cover (pause, day, lease, block)
         blame: tuple[str, Dimension | None, str | None] | None = None
         for key in plan.scopes:
             state = scopes.get(key)
             if state is not None and state.paused_until - now > wait:
-                wait = state.paused_until - now
+                wait = hard = state.paused_until - now
                 blame = (key, None, state.pause_reason)
         wall: float | None = None
-        staged: list[tuple[Check, _Scope, Any, float, int]] = []
+        # (check, state, slot, new value, rate of a bucket | index of a day window)
+        staged: list[tuple[Check, _Scope, Any, float, float]] = []
         # Parallel tuples of one plan (no ``strict=``: it costs on the hot path).
         for check, amount, allowed in zip(plan.checks, amounts, allowances):  # noqa: B905
             if amount > allowed:
@@ -207,10 +245,16 @@ class MemoryBackend:
                 rate = check.rate
                 if state.factor < 1.0 and check.scaled:
                     rate *= state.factor_at(now, aimd)
-                level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
-                if bucket.blocked_until > now and bucket.blocked_until - now > w:
-                    w = bucket.blocked_until - now
-                staged.append((check, state, bucket, level + amount, 0))
+                if bucket.ts > now:
+                    # Booked ahead: charged at its start, so a call starts after it.
+                    level = bucket.level
+                    w = bucket.ts - now + max(0.0, level + amount - allowed) / rate
+                else:
+                    level, w = bucket_fit(bucket.level, bucket.ts, now, rate, amount, allowed)
+                if bucket.blocked_until > now:
+                    hard = max(hard, bucket.blocked_until - now)
+                    w = max(w, hard)
+                staged.append((check, state, bucket, level + amount, rate))
             elif kind is _DAY:
                 day = state.days.get(check.dimension)
                 if day is None:
@@ -221,14 +265,16 @@ class MemoryBackend:
                 count = day.count if day.index == index else 0.0
                 w = end - wall if count + amount > allowed else 0.0
                 w = max(w, day.blocked_until - now)
+                hard = max(hard, w)
                 staged.append((check, state, day, count + amount, index))
             else:
                 w = _lease_wait(state, now, allowed)
+                hard = max(hard, w)
                 staged.append((check, state, None, 0.0, 0))
             if w > wait:
                 wait = w
                 blame = (check.scope, check.dimension, None)
-        if blame is not None:
+        if blame is not None and (hard > 0.0 or wait > book):
             scope, dimension, reason = blame
             return AdmitResult(
                 granted=False,
@@ -238,7 +284,10 @@ class MemoryBackend:
                 dimension=dimension,
                 paused_reason=reason,
             )
-        for check, state, slot, value, index in staged:
+        if blame is not None:  # only bucket levels make it wait, within ``book``: booked
+            _apply_booked(staged, amounts, now, wait, lease_id)
+            return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, wait))
+        for check, state, slot, value, extra in staged:
             if slot is None:
                 if lease_id is not None:
                     state.leases[lease_id] = now + check.ttl
@@ -247,19 +296,30 @@ class MemoryBackend:
                 slot.ts = now
             else:
                 slot.count = value
-                slot.index = index
-        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None))
+                slot.index = int(extra)
+        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0))
 
     def _settle(self, op: SettleOp, now: float) -> float:
         scopes = self._scopes
+        since = max(now, op.starts_at)
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
             rate = self._rate(check, state, now, op.aimd)
-            bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
-            bucket.ts = now
+            if bucket.ts > now:
+                # Booked ahead: the state is the level at its last start.  A refund
+                # lowers that level by at most what would not have drained between
+                # the reservation's own start (or now) and then -- the bucket may
+                # empty in between, which the state no longer shows.
+                change = delta
+                if change < 0.0:
+                    change = min(0.0, change + max(0.0, bucket.ts - since) * rate)
+                bucket.level = max(0.0, bucket.level + change)
+            else:
+                bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
+                bucket.ts = now
         lease_id = op.lease_id
         if lease_id is not None:
             lease_scope = op.plan.lease_scope
@@ -294,10 +354,11 @@ class MemoryBackend:
             if check.kind is CheckKind.BUCKET:
                 bucket = state.buckets.setdefault(name, Bucket())
                 rate = self._rate(check, state, now, op.aimd)
-                level = drained(bucket.level, bucket.ts, now, rate)
-                if t.remaining is not None:
-                    level = max(level, check.capacity - t.remaining)
-                bucket.level, bucket.ts = level, now
+                at = max(bucket.ts, now)  # a bucket booked ahead changes at its last start
+                level = drained(bucket.level, bucket.ts, at, rate)
+                if t.remaining is not None:  # said of now: drained until ``at``
+                    level = max(level, check.capacity - t.remaining - (at - now) * rate)
+                bucket.level, bucket.ts = level, at
                 bucket.blocked_until = max(bucket.blocked_until, block)
             elif check.kind is CheckKind.DAY:
                 day = state.days.setdefault(name, _Day())

@@ -35,11 +35,14 @@ while i <= #ARGV do
   end
   if kind == 'b' then
     local v = redis.call('HMGET', h, field .. ':l', field .. ':t', field .. ':b')
-    local level = drained(num(v[1], 0), num(v[2], now), now, rate)
-    if remaining ~= nil then level = math.max(level, capacity - remaining) end
+    local ts = num(v[2], now)
+    local at = math.max(ts, now)  -- a bucket booked ahead changes at its last start
+    local level = drained(num(v[1], 0), ts, at, rate)
+    -- remaining is said of now: drained until at
+    if remaining ~= nil then level = math.max(level, capacity - remaining - (at - now) * rate) end
     writes[#writes + 1] = field .. ':l'; writes[#writes + 1] = fmt(level)
-    writes[#writes + 1] = field .. ':t'; writes[#writes + 1] = fmt(now)
-    ttl = math.max(ttl, level / rate)
+    writes[#writes + 1] = field .. ':t'; writes[#writes + 1] = fmt(at)
+    ttl = math.max(ttl, at - now + level / rate)
     if block ~= nil then
       writes[#writes + 1] = field .. ':b'; writes[#writes + 1] = fmt(math.max(num(v[3], 0), block))
       ttl = math.max(ttl, reset)

@@ -256,6 +256,7 @@ class AdmitPlan:
     """
 
     __slots__ = (
+        "bookable",
         "capacities",
         "ceilings",
         "checks",
@@ -288,6 +289,10 @@ class AdmitPlan:
         self.profile = profile
         self.learnable = False  # no scope has configured limits: learned ones may apply
         self.ceilings = tuple(c.ceiling for c in checks)
+        # A booking (a start ahead) fills a bucket above the class's share until it
+        # starts: only a class whose share is the whole capacity may book, so a lower
+        # class never takes the reserve a higher one keeps (rank 0, or no reserve).
+        self.bookable = all(c.share >= c.capacity for c in checks if c.kind is CheckKind.BUCKET)
         # A settle's deltas are (input, output, total) as the profile computes them;
         # a total-tokens limit counting input only (Gemini) takes the total delta too.
         self.refunds = tuple(
@@ -344,8 +349,13 @@ class AdmitOp(NamedTuple):
     """Admit all checks of ``plan`` at once with these amounts, or none.
 
     Denied while any of ``plan.scopes`` is paused.  ``amounts`` and
-    ``allowed`` run parallel to ``plan.checks``.  A NamedTuple (built with
-    ``tuple.__new__`` on the hot path): one is built per admission.
+    ``allowed`` run parallel to ``plan.checks``.  ``book`` > 0 lets the
+    backend *book* the call: when only bucket levels make it wait, and that
+    wait is at most ``book`` seconds, grant it now with a start that many
+    seconds ahead (``AdmitResult.starts_in``), charging the buckets at once
+    (GCRA scheduling: later calls queue behind it).  A pause, a day quota,
+    a concurrency slot or a provider's block is never booked.  A NamedTuple
+    (built with ``tuple.__new__`` on the hot path): one is built per admission.
     """
 
     plan: AdmitPlan
@@ -353,10 +363,14 @@ class AdmitOp(NamedTuple):
     allowed: tuple[float, ...]
     lease_id: str | None
     aimd: AIMD
+    book: float = 0.0
 
 
 class AdmitResult(NamedTuple):
     """What the backend decided.  ``now`` is the backend's time of the decision.
+
+    A booked grant has ``starts_in`` > 0: the call may start that many seconds
+    after ``now``, not before.
 
     A NamedTuple rather than a frozen dataclass: one is built per admission and
     a tuple is four times cheaper to build; it is just as immutable.
@@ -369,6 +383,7 @@ class AdmitResult(NamedTuple):
     dimension: Dimension | None = None
     never_fits: bool = False
     paused_reason: str | None = None
+    starts_in: float = 0.0
 
 
 class SettleOp(NamedTuple):
@@ -384,6 +399,9 @@ class SettleOp(NamedTuple):
     deltas: tuple[float, ...]
     lease_id: str | None
     aimd: AIMD
+    #: The backend time the reservation started (granted_at + starts_in): a refund on
+    #: a bucket booked further ahead counts from it.
+    starts_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

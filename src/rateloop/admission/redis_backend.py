@@ -330,7 +330,7 @@ class RedisBackend:
         makes one admission cheap on the client.
         """
         encoded = self._encoded(op.plan)
-        parts = [op.lease_id or "-", repr(op.aimd.recover_per_second)]
+        parts = [op.lease_id or "-", repr(op.aimd.recover_per_second), repr(op.book)]
         for allowed, amount in zip(op.allowed, op.amounts):  # noqa: B905 - parallel by design
             parts.append(repr(allowed))
             parts.append(repr(amount))
@@ -358,8 +358,11 @@ class RedisBackend:
 
         def decode(reply: list[Any]) -> AdmitResult:
             if len(reply) == 2:
-                granted = (True, float(reply[1]), 0.0, None, None, False, None)
+                granted = (True, float(reply[1]), 0.0, None, None, False, None, 0.0)
                 return _new_tuple(AdmitResult, granted)
+            if len(reply) == 3:  # booked: it starts ``reply[2]`` seconds ahead
+                booked = (True, float(reply[1]), 0.0, None, None, False, None, float(reply[2]))
+                return _new_tuple(AdmitResult, booked)
             _, now, wait, scope_i, field, never, paused, reason = reply
             scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
             return AdmitResult(
@@ -380,7 +383,12 @@ class RedisBackend:
         plan = op.plan
         _, _, index, keys, _, _ = self._encoded(plan)
         has_lease = plan.lease_scope is not None and op.lease_id is not None
-        args = [_fmt(op.aimd.recover_per_second), "1" if has_lease else "0", op.lease_id or ""]
+        args = [
+            _fmt(op.aimd.recover_per_second),
+            "1" if has_lease else "0",
+            op.lease_id or "",
+            _fmt(op.starts_at),
+        ]
         for c, delta in zip(op.checks, op.deltas, strict=True):
             args += [
                 str(index[c.scope]),

@@ -106,6 +106,9 @@ class Reservation:
     ``granted_at`` and ``settled_at`` are the backend's times (Redis ``TIME``
     in seconds since the epoch; the clock's monotonic seconds in memory);
     ``settled_at`` stays None when settling needed no backend call.
+    ``starts_in`` is 0 for a call that may go now; for a *booked* one
+    (``try_reserve(..., book_within=...)``) the seconds after ``granted_at``
+    it must wait before calling -- its capacity is charged already.
 
     Use it from sync or async code (``settle``/``asettle``,
     ``release``/``arelease``), or as a (async) context manager: leaving the
@@ -123,6 +126,7 @@ class Reservation:
         "plan",
         "route",
         "settled_at",
+        "starts_in",
     )
 
     def __init__(
@@ -134,6 +138,7 @@ class Reservation:
         lease_id: str | None,
         granted_at: float,
         local: bool,
+        starts_in: float = 0.0,
     ) -> None:
         """Built by the :class:`Limiter` once per admission (positional: it is hot).
 
@@ -148,6 +153,7 @@ class Reservation:
         self.local = local
         self.lease_id = lease_id if plan.lease_scope is not None else None
         self.settled_at: float | None = None
+        self.starts_in = starts_in
         self._done = False
 
     @property
@@ -209,7 +215,14 @@ class Reservation:
             return None
         return _new_tuple(
             SettleOp,
-            (self.plan, tuple(checks), tuple(values), self.lease_id, self._limiter.aimd),
+            (
+                self.plan,
+                tuple(checks),
+                tuple(values),
+                self.lease_id,
+                self._limiter.aimd,
+                self.granted_at + self.starts_in,
+            ),
         )
 
     def _claim(self) -> bool:
