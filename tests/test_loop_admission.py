@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from _http_faults import throttle
+from rateloop._flow import BOOK_HORIZON_SECS
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
@@ -374,3 +375,19 @@ def test_a_booking_beyond_the_deadline_is_not_taken(clock: FakeClock) -> None:
     out = loop.call(fn, route=ROUTE, deadline=0.5)
     assert out.status is Status.WAITING_FOR_CAPACITY
     assert len(fn.calls) == 2
+
+
+def test_the_loop_books_no_further_ahead_than_its_horizon(clock: FakeClock) -> None:
+    # One request every 10 s: the second caller's start is 10 s ahead, beyond the 5 s the
+    # loop books (a booked call would not see a pause set meanwhile), so it is denied and
+    # waits by polling instead; the first caller's start, 0 s ahead, is taken at once.
+    limiter = Limiter(
+        limits={ROUTE.scope: LimitSpec(requests_per_minute=6, burst=1 / 6)}, clock=clock
+    )
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    assert BOOK_HORIZON_SECS == 5.0
+    assert loop.call(FaultScript([ok()]), route=ROUTE).ok
+    out = loop.call(FaultScript([ok()]), route=ROUTE, deadline=60)
+    reasons = [e.reason for e in out.events if e.decision == "admission_wait"]
+    assert out.ok and reasons and not any(r.startswith("booked capacity") for r in reasons)
+    assert clock.sleeps == [pytest.approx(10.0)]

@@ -84,6 +84,13 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
 # --- the base -------------------------------------------------------------
 
 
+#: How far ahead the loop books a start (the limiter's ``book_within``).  A booked call
+#: sleeps until its start without seeing a scope pause set meanwhile, so the horizon is
+#: kept to a few seconds of pacing; a longer admission wait is served by polling
+#: ``try_reserve``, which does see pauses.
+BOOK_HORIZON_SECS = 5.0
+
+
 class _BaseRateLoop:
     """Configuration and the algorithm shared by both drivers."""
 
@@ -268,12 +275,14 @@ class _BaseRateLoop:
                 self._check_limits_keys(route)
             if limiter is not None:
                 while True:
-                    if isinstance(self.limiter, Limiter):  # book a start it can afford
+                    if isinstance(limiter, Limiter):  # book a start it can afford
                         left = budget.time_left(clock.monotonic())
                         afford = policy.pause_limit_secs if left is None else left
-                        afford = max(0.0, min(afford, policy.pause_limit_secs))
+                        # A booked call does not see a pause set while it sleeps, so the
+                        # loop books only a short way ahead; a longer wait polls as before.
+                        afford = max(0.0, min(afford, policy.pause_limit_secs, BOOK_HORIZON_SECS))
                         args = (route, spec.cost, spec.priority, afford)
-                        granted = yield LimiterCall(self.limiter, "try_book", args)
+                        granted = yield LimiterCall(limiter, "try_book", args)
                     else:
                         granted = yield Admit(route, spec.cost, spec.priority)
                     if not isinstance(granted, Denied):
