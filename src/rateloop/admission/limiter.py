@@ -5,8 +5,8 @@ steps -- "run this operation on the backend" or "sleep this long" -- and
 receives their results; the :class:`~rateloop.admission._driver.BackendDriver`
 it inherits runs a flow with blocking calls (``_drive``) or awaits
 (``_adrive``).  The algorithm (build the checks, interpret the answer, wait,
-give up at the deadline) is written once, in the flows; the backend does one atomic operation per step, so ``try_reserve`` is
-exactly one round trip.
+give up at the deadline) is written once, in the flows; the backend does one
+atomic operation per step, so ``try_reserve`` is exactly one round trip.
 
 When the backend is unreachable the limiter either raises
 :class:`~rateloop.errors.BackendError` (``on_unreachable="fail_closed"``, the
