@@ -10,11 +10,10 @@ queue first come first served instead of polling.
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterator
 
 import pytest
 
+import _limiters
 from rateloop.admission.limiter import MIN_RETRY_AFTER, Limiter
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import Denied, Reservation
@@ -23,21 +22,13 @@ from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 from rateloop.testing import FakeClock
 
+limiter = _limiters.limiter  # the memory / Redis fixture, shared by the conformance suites
+
 MODEL = "openai:gpt-5"
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1")
 TOL = 0.15  # seconds: Redis time moves between two calls of one test
 
 
-@pytest.fixture(params=["memory", "redis"])
-def limiter(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Limiter]:
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        prefix = request.getfixturevalue("redis_prefix")
-        lim = Limiter.from_url(url, prefix=prefix, rng=random.Random(1))
-    else:
-        lim = Limiter(clock=clock, rng=random.Random(1))
-    yield lim
-    lim.close()
 
 
 def spec(**fields: object) -> LimitSpec:

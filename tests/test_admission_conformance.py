@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+import _limiters
 from rateloop.admission.gcra import DAY
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.memory import MemoryBackend
@@ -23,7 +23,6 @@ from rateloop.admission.reservation import AdmissionTimeout, Denied, Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
-from rateloop.testing import FakeClock
 
 
 def minute_spec(**fields: Any) -> LimitSpec:
@@ -35,21 +34,13 @@ def minute_spec(**fields: Any) -> LimitSpec:
     return LimitSpec(**{"burst": 1.0, "profile": "generic", **fields})
 
 
+limiter = _limiters.limiter  # the memory / Redis fixture, shared by the conformance suites
+
 MODEL = "openai:gpt-5"
 ROUTE = Route(provider="openai", model="gpt-5", project="proj-1", tenant="t-7")
 TOL = 0.15  # seconds: Redis time moves between two calls of one test (a loaded machine)
 
 
-@pytest.fixture(params=["memory", "redis"])
-def limiter(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Limiter]:
-    if request.param == "redis":
-        url = request.getfixturevalue("redis_url")
-        prefix = request.getfixturevalue("redis_prefix")
-        lim = Limiter.from_url(url, prefix=prefix, rng=random.Random(1))
-    else:
-        lim = Limiter(clock=clock, rng=random.Random(1))
-    yield lim
-    lim.close()
 
 
 def peer(limiter: Limiter) -> Limiter:
