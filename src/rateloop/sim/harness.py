@@ -112,8 +112,9 @@ def ideal_seconds(
     """The least wall time in which ``limits`` let ``tasks`` (arrival, calls) complete.
 
     The largest of: each per-minute dimension's demand beyond one burst at its
-    rate; the concurrency bound (calls × latency / concurrency); and each
-    task's own critical path (arrival + its calls × latency).
+    rate, plus the one answer the last call admitted still takes (``latency``);
+    the concurrency bound (calls × latency / concurrency); and each task's own
+    critical path (arrival + its calls × latency).
     """
     calls = [c for _, cs in tasks for c in cs]
     if not calls:
@@ -133,7 +134,8 @@ def ideal_seconds(
             continue
         rate = limit / 60.0
         capacity = max(1.0, rate * limits.burst_seconds)
-        bound = max(bound, (amount - capacity) / rate)
+        # The last unit is admitted no sooner than this, and answered ``latency`` later.
+        bound = max(bound, max(0.0, (amount - capacity) / rate) + latency)
     if limits.concurrency is not None:
         bound = max(bound, len(calls) * latency / limits.concurrency)
     critical = max(start + len(cs) * latency for start, cs in tasks)
