@@ -104,6 +104,26 @@ def test_settle_refunds_unused_output_tokens(clock: FakeClock) -> None:
     assert clock.sleeps == []
 
 
+def test_the_loop_settles_usage_as_the_providers_profile_reads_it(clock: FakeClock) -> None:
+    # Anthropic counts cache writes toward input limits and leaves cache reads out: a call
+    # that reports 20 input, 100 cache-written and 9,000 cache-read tokens spends 120.
+    route = Route(provider="anthropic", model="claude", project="p1")
+    limiter = Limiter(
+        limits={route.scope: LimitSpec(input_tokens_per_minute=1_000, burst=1.0)}, clock=clock
+    )
+    loop = RateLoop(policy(), limiter=limiter, clock=clock)
+    usage = {"input_tokens": 20, "output_tokens": 5, "cache_read_input_tokens": 9_000,
+             "cache_creation_input_tokens": 100}
+    fn = FaultScript([{"usage": usage}])
+    for _ in range(8):  # 8 × 120 = 960 of 1,000: every call fits without a wait
+        assert loop.call(fn, route=route, cost=Cost(input_tokens=120)).ok
+    assert clock.sleeps == []
+    # Settled by the raw input_tokens (20 each), a 9th and 10th would fit too; by the
+    # profile (120 each), the 9th waits for the bucket to refill.
+    assert loop.call(fn, route=route, cost=Cost(input_tokens=120)).ok
+    assert len(clock.sleeps) == 1 and clock.sleeps[0] > 0
+
+
 def test_without_usage_the_reservation_is_kept(clock: FakeClock) -> None:
     _, loop = make(clock, output_tokens_per_minute=1000)
     fn = FaultScript(["no usage reported"])

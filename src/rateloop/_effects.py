@@ -104,8 +104,13 @@ def sdk_retries(result: Returned | Raised) -> int:
     return sdk_retries_taken(target)
 
 
-def usage_of(result: Returned | Raised) -> tuple[int, int] | None:
-    """(input_tokens, output_tokens) reported by a successful response, if any."""
+def usage_of(result: Returned | Raised) -> Any | None:
+    """The usage a successful response reports (the SDK's object or its JSON), if any.
+
+    It is settled as the route's accounting profile reads it
+    (:meth:`Reservation.settle_usage`): cache reads left out where the
+    provider does not count them, cache writes counted where it does.
+    """
     if not isinstance(result, Returned):
         return None
     value = result.value
@@ -120,21 +125,22 @@ def usage_of(result: Returned | Raised) -> tuple[int, int] | None:
             body = None
         if isinstance(body, dict):
             usage = body.get("usage") or body.get("usageMetadata")
-    if usage is None:
+    if usage is None or not _reports_tokens(usage):
         return None
+    return usage
 
-    def field(*names: str) -> int | None:
-        for name in names:
-            value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return None
 
-    # OpenAI, Anthropic, and Gemini (google-genai attributes, REST camelCase).
-    inp = field("input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount")
-    out = field(
-        "output_tokens", "completion_tokens", "candidates_token_count", "candidatesTokenCount"
-    )
-    if inp is None and out is None:
-        return None
-    return (inp or 0, out or 0)
+_TOKEN_FIELDS = (
+    "input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount", "inputTokens",
+    "output_tokens", "completion_tokens", "candidates_token_count", "candidatesTokenCount",
+    "outputTokens",
+)
+
+
+def _reports_tokens(usage: Any) -> bool:
+    """Whether ``usage`` carries at least one integer token count."""
+    for name in _TOKEN_FIELDS:
+        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return True
+    return False

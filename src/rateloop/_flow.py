@@ -374,7 +374,8 @@ class _BaseRateLoop:
                 if signal.kind is Kind.OK:
                     usage = usage_of(result)
                     if usage is not None:
-                        yield LimiterCall(reservation, "settle", usage)
+                        # Read as the provider's accounting profile says (cache reads, ...).
+                        yield LimiterCall(reservation, "settle_usage", (usage,))
                     else:
                         yield LimiterCall(
                             reservation,
