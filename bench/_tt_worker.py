@@ -56,17 +56,21 @@ def _emit(doc: dict[str, Any]) -> None:
 
 async def _work(spec: dict[str, Any]) -> list[tuple[float, bool]]:
     cfg, processes = spec["cfg"], spec["processes"]
+    # The limits token-throttle is told: the provider's, unless --peer-limit-share
+    # asks for headroom (1.0 by default: the same limits as every other strategy).
+    share = float(cfg.get("peer_limit_share", 1.0))
+    rpm, tpm = int(cfg["rpm"] * share), int(cfg["tpm"] * share)
     quotas = [
-        Quota(metric="requests", limit=cfg["rpm"], per_seconds=SecondsIn.MINUTE),
-        Quota(metric="tokens", limit=cfg["tpm"], per_seconds=SecondsIn.MINUTE),
+        Quota(metric="requests", limit=rpm, per_seconds=SecondsIn.MINUTE),
+        Quota(metric="tokens", limit=tpm, per_seconds=SecondsIn.MINUTE),
     ]
     if spec.get("burst_quotas"):
         # token-throttle-burst: also told the provider's burst, as composed quotas
         # over the burst window ("Minimum spacing between calls" in its README).
         window = max(1, round(cfg["burst"]))
         quotas += [
-            Quota(metric="requests", limit=cfg["rpm"] * window // 60, per_seconds=window),
-            Quota(metric="tokens", limit=cfg["tpm"] * window // 60, per_seconds=window),
+            Quota(metric="requests", limit=rpm * window // 60, per_seconds=window),
+            Quota(metric="tokens", limit=tpm * window // 60, per_seconds=window),
         ]
     redis_client = None
     if processes > 1:

@@ -431,6 +431,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--peer-python", default=str(PEER_VENV / "bin" / "python"),
                         help="a Python >= 3.12 with token-throttle (runs its workers)")
+    parser.add_argument("--peer-limit-share", type=float, default=1.0,
+                        help="token-throttle is told this share of rpm/tpm (1.0: the same "
+                             "limits as the others; e.g. 0.95 for headroom)")
     parser.add_argument("--setup-peers", nargs="?", const="", default=None, metavar="PYTHON",
                         help="make bench/.venv-peers from PYTHON (>= 3.12; found if omitted)"
                              " with token-throttle, openai and redis, then exit")
@@ -451,7 +454,7 @@ def main() -> None:
         strategies = [s for s in strategies if s not in PEER_STRATEGIES]
     cfg = {"rpm": args.rpm, "tpm": args.tpm, "burst": args.burst, "latency": args.latency,
            "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed,
-           "peer_python": args.peer_python}
+           "peer_python": args.peer_python, "peer_limit_share": args.peer_limit_share}
     rows = []
     print(f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
           f"{'effic.':>6} {'429/ok':>7}", flush=True)
