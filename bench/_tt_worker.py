@@ -24,7 +24,9 @@ refunds from the response's ``usage.total_tokens`` after it.  Residual 429s
 are retried by the openai SDK (its default ``max_retries=2``, honouring
 ``retry-after`` / ``retry-after-ms``), as token-throttle's example recommends
 instead of a second retry loop; a call that still fails refunds
-``requests: 1, tokens: 0`` (the README's error path) and fails its task.
+``requests: 1, tokens: 0`` (the README's error path) and fails its task.  A
+refund that raises ``BackendLockContentionError`` (Redis, hot bucket) is retried,
+as its operations guide says (up to 10 attempts).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import openai
 from token_throttle import (
+    BackendLockContentionError,
     MemoryBackendBuilder,
     PerModelConfig,
     Quota,
@@ -96,11 +99,21 @@ async def _work(spec: dict[str, Any]) -> list[tuple[float, bool]]:
                                "x-fake-output-tokens": str(out)},
             )
         except openai.APIError:
-            await limiter.refund_capacity(actual_usage={"requests": 1, "tokens": 0},
-                                          reservation=reservation)
+            await refund(lambda: limiter.refund_capacity(
+                actual_usage={"requests": 1, "tokens": 0}, reservation=reservation))
             return False
-        await limiter.refund_capacity_from_response(reservation, response)
+        await refund(lambda: limiter.refund_capacity_from_response(reservation, response))
         return True
+
+    async def refund(attempt: Any) -> None:
+        # A refund that loses the Redis backend's per-bucket lock raises
+        # BackendLockContentionError, "safe to retry" (docs/operations.md): retried.
+        for left in range(9, -1, -1):
+            try:
+                return await attempt()
+            except BackendLockContentionError:
+                if not left:
+                    raise
 
     _emit({"ready": True})
     line = await asyncio.to_thread(sys.stdin.readline)
