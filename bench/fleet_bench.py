@@ -22,7 +22,19 @@ Strategies:
   (``num_retries=2``); across processes it shares usage through Redis
   (``redis_host``/``redis_port``: its cross-instance mode).
 
-token-throttle needs Python >= 3.12 and is skipped on older interpreters.
+* ``token-throttle``  -- token-throttle's ``RateLimiter`` (``requests`` and ``tokens``
+  quotas per minute; memory backend in 1 process, Redis backend with one
+  ``key_prefix`` across processes) reserving ``input + max_tokens`` before each
+  call and refunding from the response's ``usage``; the openai SDK (default
+  ``max_retries=2``) retries residual 429s.  See ``bench/_tt_worker.py``.
+* ``token-throttle-burst`` -- the same, also told the provider's burst as extra
+  quotas over the burst window (40 requests / 40k tokens per 2 s).
+
+token-throttle needs Python >= 3.12 (the project runs on 3.11): its workers
+run under a peer interpreter, ``bench/.venv-peers/bin/python`` (or
+``--peer-python PATH``), made once with ``python bench/fleet_bench.py
+--setup-peers`` (optionally ``--setup-peers /path/to/python3.12``).  Without
+one the token-throttle strategies are skipped with a message saying so.
 
 Metrics: completed tasks; efficiency = the quota-bound ideal time (the
 least time the provider's limits allow for the calls, see
@@ -51,6 +63,11 @@ from pathlib import Path
 from typing import Any
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+# Strategies whose workers run under the peer interpreter (Python >= 3.12).
+PEER_STRATEGIES = ("token-throttle", "token-throttle-burst")
+PEER_VENV = Path(__file__).resolve().parent / ".venv-peers"
+PEER_WORKER = Path(__file__).resolve().parent / "_tt_worker.py"
+PEER_PACKAGES = ("token-throttle[redis]>=14,<15", "openai", "httpx")
 MODEL = "fake-model"
 WORKLOADS = {
     # 240 calls: bound by the provider's few-second burst and its rate.
@@ -219,6 +236,119 @@ def _worker(strategy: str, url: str, cfg: dict[str, Any], processes: int,
         results.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
+# -- peers that need another interpreter (token-throttle: Python >= 3.12) -----------------
+
+
+def _peer_worker(strategy: str, url: str, cfg: dict[str, Any], processes: int,
+                 tasks: list[list[tuple[int, int, int]]], ready: Any, go: Any, start_at: Any,
+                 results: Any) -> None:
+    """A ``_worker`` stand-in that runs ``_tt_worker.py`` under the peer interpreter.
+
+    It relays the same start protocol: ready once the peer's limiter and client are
+    up, the clock's start (``start_at``) when ``go`` is set, the peer's results.
+    """
+    import subprocess
+
+    spec = {"url": url, "cfg": cfg, "processes": processes, "tasks": tasks,
+            "prefix": _peer_prefix(cfg), "burst_quotas": strategy == "token-throttle-burst"}
+    proc = subprocess.Popen([cfg["peer_python"], str(PEER_WORKER)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        first = json.loads(proc.stdout.readline() or '{"error": "the peer exited"}')
+        ready.release()
+        if "ready" not in first:
+            results.put(("error", f"{strategy}: {first.get('error')}"))
+            return
+        while not go.is_set():  # the same 5 ms start poll as _work
+            time.sleep(0.005)
+        proc.stdin.write(json.dumps({"t0": start_at.value}) + "\n")
+        proc.stdin.flush()
+        last = json.loads(proc.stdout.readline() or '{"error": "the peer exited"}')
+        if "ok" in last:
+            results.put(("ok", [(float(t), bool(ok)) for t, ok in last["ok"]]))
+        else:
+            results.put(("error", f"{strategy}: {last.get('error')}"))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def _peer_prefix(cfg: dict[str, Any]) -> str:
+    """token-throttle's Redis ``key_prefix`` for this run (no ``:`` allowed in it)."""
+    return cfg["prefix"].replace(":", "-").strip("-")
+
+
+def _drop_peer_keys(cfg: dict[str, Any]) -> None:
+    """Delete the keys token-throttle's Redis backend made under this run's prefix."""
+    import redis
+
+    client = redis.Redis.from_url(cfg["redis"])
+    try:
+        keys = list(client.scan_iter(match=_peer_prefix(cfg) + ":*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def peer_python_problem(python: str) -> str | None:
+    """Why ``python`` cannot run the token-throttle workers, or None if it can."""
+    import subprocess
+
+    if not Path(python).exists():
+        return f"no peer interpreter at {python}"
+    probe = subprocess.run([python, "-c", "import token_throttle, openai, redis"],
+                           check=False, capture_output=True, text=True)
+    if probe.returncode != 0:
+        return (f"{python} cannot import token_throttle/openai/redis: "
+                f"{probe.stderr.strip().splitlines()[-1:]}")
+    return None
+
+
+def _is_python312(python: str) -> bool:
+    import subprocess
+
+    try:
+        probe = subprocess.run([python, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                               check=False, capture_output=True, text=True, timeout=30)
+    except OSError:
+        return False
+    return probe.stdout.strip() == "True"
+
+
+def _find_python312() -> str | None:
+    """A working Python >= 3.12: python3.1x on PATH, then pyenv's installed versions."""
+    import glob
+    import shutil
+
+    candidates = [shutil.which(n) for n in ("python3.12", "python3.13", "python3.14")]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3")))
+    return next((c for c in candidates if c and _is_python312(c)), None)
+
+
+def setup_peers(base: str | None) -> None:
+    """Make ``bench/.venv-peers`` with token-throttle and what its worker needs."""
+    import subprocess
+
+    base = base or _find_python312()
+    if base is None:
+        sys.exit("--setup-peers: no Python >= 3.12 found (python3.12/3.13/3.14 on PATH or "
+                 "~/.pyenv/versions/3.12*); install one and pass it: "
+                 "--setup-peers /path/to/python3.12")
+    if not _is_python312(base):
+        sys.exit(f"--setup-peers: {base} is not a Python >= 3.12 (token-throttle needs it)")
+    subprocess.run([base, "-m", "venv", str(PEER_VENV)], check=True)
+    python = str(PEER_VENV / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    problem = peer_python_problem(python)
+    if problem:
+        sys.exit(f"--setup-peers: {problem}")
+    print(f"peer environment ready: {python} (use it with --peer-python or by default)")
+
+
 # -- one run ------------------------------------------------------------------------------
 
 
@@ -240,8 +370,9 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
         start_at = ctx.Value("d", 0.0)
         results = ctx.Queue()
         shares = [calls[i::processes] for i in range(processes)]
+        worker = _peer_worker if strategy in PEER_STRATEGIES else _worker
         procs = [
-            ctx.Process(target=_worker, args=(strategy, server.url, cfg, processes, share,
+            ctx.Process(target=worker, args=(strategy, server.url, cfg, processes, share,
                                               ready, go, start_at, results))
             for share in shares
         ]
@@ -256,6 +387,8 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
         for p in procs:
             p.join(timeout=30)
         stats = provider.stats
+    if strategy in PEER_STRATEGIES and processes > 1:
+        _drop_peer_keys(cfg)
     errors = [o[1] for o in outs if o[0] == "error"]
     if errors:
         raise RuntimeError(f"{strategy}: {errors[0]}")
@@ -284,7 +417,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
     parser.add_argument(
-        "--strategies", default="rateloop,rateloop-burst,rateloop-zero,tenacity,litellm"
+        "--strategies", default="rateloop,rateloop-burst,rateloop-zero,tenacity,litellm,"
+        "token-throttle"
     )
     parser.add_argument("--processes", default="1,4")
     parser.add_argument("--rpm", type=int, default=1_200, help="20 requests a second")
@@ -295,13 +429,32 @@ def main() -> None:
     parser.add_argument("--redis", default=REDIS_URL)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--peer-python", default=str(PEER_VENV / "bin" / "python"),
+                        help="a Python >= 3.12 with token-throttle (runs its workers)")
+    parser.add_argument("--peer-limit-share", type=float, default=1.0,
+                        help="token-throttle is told this share of rpm/tpm (1.0: the same "
+                             "limits as the others; e.g. 0.95 for headroom)")
+    parser.add_argument("--setup-peers", nargs="?", const="", default=None, metavar="PYTHON",
+                        help="make bench/.venv-peers from PYTHON (>= 3.12; found if omitted)"
+                             " with token-throttle, openai and redis, then exit")
     args = parser.parse_args()
+    if args.setup_peers is not None:
+        setup_peers(args.setup_peers or None)
+        return
     strategies = [s for s in args.strategies.split(",") if s]
     if "litellm" in strategies and importlib.util.find_spec("litellm") is None:
         print("litellm is not installed: skipping it (pip install litellm)", file=sys.stderr)
         strategies.remove("litellm")
+    peers = [s for s in strategies if s in PEER_STRATEGIES]
+    problem = peer_python_problem(args.peer_python) if peers else None
+    if problem:
+        print(f"{problem}: skipping {', '.join(peers)} (token-throttle needs Python >= 3.12; "
+              "run `python bench/fleet_bench.py --setup-peers [/path/to/python3.12]` once, "
+              "or pass --peer-python PATH)", file=sys.stderr)
+        strategies = [s for s in strategies if s not in PEER_STRATEGIES]
     cfg = {"rpm": args.rpm, "tpm": args.tpm, "burst": args.burst, "latency": args.latency,
-           "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed}
+           "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed,
+           "peer_python": args.peer_python, "peer_limit_share": args.peer_limit_share}
     rows = []
     print(f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
           f"{'effic.':>6} {'429/ok':>7}", flush=True)
