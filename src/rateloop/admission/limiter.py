@@ -26,6 +26,7 @@ import math
 import random
 import secrets
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
@@ -81,6 +82,7 @@ T = TypeVar("T")
 
 
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
+_NO_SPEC = LimitSpec()
 _PLAN_CACHE_SIZE = 4096
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 _new_tuple = tuple.__new__
@@ -217,8 +219,18 @@ class Limiter(BackendDriver):
         return profile_for(scope.split(":", 1)[0])
 
     def limits_for(self, scope: str) -> LimitSpec | None:
-        """The configured limits of ``scope``, else those learned from headers, else None."""
-        return self._limits.get(scope) or self._learned.specs.get(scope)
+        """The limits in force in ``scope``: configured, else learned from headers, else None.
+
+        Without a configured ``burst``, the burst learned from the provider's
+        headers (its bucket, when it holds less than a minute) is the spec's
+        ``burst``; without either, the profile's pacing applies.
+        """
+        spec = self._limits.get(scope) or self._learned.specs.get(scope)
+        if spec is not None and spec.burst is None:
+            burst = self._learned.burst(scope)
+            if burst is not None:
+                return replace(spec, burst=burst)
+        return spec
 
     @property
     def limits(self) -> Mapping[str, LimitSpec]:
@@ -252,7 +264,10 @@ class Limiter(BackendDriver):
                 if spec is not None:
                     checks.extend(build_checks(scope, spec, prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
-            plan.learnable = not any(scope in self._limits for scope in scopes)
+            # Something can be learned: limits (nothing configured on the route) or
+            # the provider's burst (a configured scope without ``burst``).
+            configured = [self._limits[s] for s in scopes if s in self._limits]
+            plan.learnable = not configured or any(c.burst is None for c in configured)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
@@ -325,10 +340,11 @@ class Limiter(BackendDriver):
         return self._denied(result)
 
     def _refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
-        """Zero-config on a shared backend: read what other processes learned, when due.
+        """On a shared backend: read what other processes learned, when due.
 
-        Only routes without configured limits learn (``plan.learnable``, known
-        from the cached plan without hashing the route).
+        Only routes that can learn something ask (``plan.learnable``, known
+        from the cached plan without hashing the route): limits where none
+        are configured, the provider's burst where no ``burst`` is.
         """
         if not self._plan(route, priority).learnable:
             return None
@@ -467,6 +483,15 @@ class Limiter(BackendDriver):
             if self._learned_shared:
                 yield _Do(store)
         target = self._governing(scope)
+        if target is not None and (held := self._learned.learn_burst(target, signal)):
+            # The provider's bucket is short (or shorter than known): the target's
+            # buckets take its capacity -- their levels stay, so a larger capacity
+            # credits the difference, the headroom the provider has on top.
+            if self._limits.get(target, _NO_SPEC).burst is None:
+                with self._lock:
+                    self._forget_plans()
+            if self._learned_shared:
+                yield _Do(held)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
