@@ -70,11 +70,16 @@ def test_the_estimate_is_remaining_plus_the_reset_at_the_rate() -> None:
     # A whole-second reset may be a second late: the slack is taken off.
     assert capacity_estimate(requests(600, 20, 2.0), slack=1.0) == pytest.approx(30 / 600)
     # Only a minute's limit has a known rate.
-    hourly = Observed(dimension=Dimension.REQUESTS, limit=600, remaining=20, reset_after=1.0,
-                      window=3600.0)
+    hourly = Observed(
+        dimension=Dimension.REQUESTS, limit=600, remaining=20, reset_after=1.0, window=3600.0
+    )
     assert capacity_estimate(hourly) is None
-    assert capacity_estimate(requests(600, 20, 1.0).__class__(
-        dimension=Dimension.REQUESTS, remaining=20, reset_after=1.0, window=60.0)) is None
+    assert (
+        capacity_estimate(
+            Observed(dimension=Dimension.REQUESTS, remaining=20, reset_after=1.0, window=60.0)
+        )
+        is None
+    )
 
 
 def test_a_short_provider_bucket_becomes_the_configured_scopes_burst(limiter: Limiter) -> None:
@@ -131,8 +136,9 @@ def test_the_largest_estimate_wins_and_a_smaller_one_does_not_lower_it(
 
 def test_one_burst_serves_every_dimension_the_smallest(limiter: Limiter) -> None:
     limiter.set_limits(MODEL, LimitSpec(requests_per_minute=600, tokens_per_minute=60_000))
-    tokens = Observed(dimension=Dimension.TOKENS, limit=60_000, remaining=1_000,
-                      reset_after=1.0, window=60.0)  # 1000 + 1000: 2 s
+    tokens = Observed(
+        dimension=Dimension.TOKENS, limit=60_000, remaining=1_000, reset_after=1.0, window=60.0
+    )  # 1000 + 1000: 2 s
     limiter.observe(MODEL, success(requests(600, 20, 1.0), tokens))  # requests: 3 s
     spec = limiter.limits_for(MODEL)
     assert spec is not None and spec.burst == pytest.approx(2 / 60)
@@ -194,9 +200,7 @@ def test_processes_share_the_learned_burst(redis_url: str, redis_prefix: str) ->
         two.close()
 
 
-def test_zero_config_processes_share_the_learned_burst(
-    redis_url: str, redis_prefix: str
-) -> None:
+def test_zero_config_processes_share_the_learned_burst(redis_url: str, redis_prefix: str) -> None:
     one = Limiter.from_url(redis_url, prefix=redis_prefix)
     two = Limiter.from_url(redis_url, prefix=redis_prefix)
     try:
