@@ -37,6 +37,7 @@ from rateloop.signal import Dimension, LimitSignal, Observed
 __all__ = [
     "BURST_FIELD",
     "LEARNED_TTL_SECONDS",
+    "MARGIN_UNITS",
     "REFRESH_SECONDS",
     "SHORT_BUCKET",
     "LearnOp",
@@ -56,6 +57,9 @@ LEARNED_TTL_SECONDS = 86_400.0
 #: A provider bucket holding less than this fraction of a minute's allowance is a
 #: short bucket, whose capacity becomes the scope's burst (when none is configured).
 SHORT_BUCKET = 0.5
+#: A learned bucket is planned this many units short of the provider's (see
+#: :func:`capacity_estimate`).
+MARGIN_UNITS = 1.0
 #: The field under which the backend keeps a scope's learned burst (a fraction of a
 #: minute, the largest capacity estimate seen; used only while below SHORT_BUCKET).
 BURST_FIELD = "burst"
@@ -127,19 +131,25 @@ def capacity_estimate(o: Observed, *, slack: float = 0.0) -> float | None:
 
     A bucket refilled at ``limit / 60`` a second that has ``remaining`` units
     now and is full after ``reset_after`` seconds holds ``remaining +
-    reset_after × limit / 60``.  ``slack`` is the resolution of the reset
+    reset_after × limit / 60``, less :data:`MARGIN_UNITS`: admitting exactly
+    at the provider's capacity and rate leaves it a rounding error from
+    refusing (and a refused request still spends its slot there); one unit
+    short keeps it one unit ahead.  ``slack`` is the resolution of the reset
     (Anthropic's RFC 3339 times are whole seconds: the reset may be up to a
     second later than the refill), taken off so the estimate is never above
     the capacity.  ``None`` when it cannot tell: a window other than a
-    minute, a missing value, or ``remaining < 1`` (a bucket in debt reports 0
-    and a reset longer than its capacity).
+    minute, a missing value, ``remaining < 1`` (a bucket in debt reports 0
+    and a reset longer than its capacity), or a bucket of no more than the
+    margin.
     """
     if o.window != 60.0 or o.limit is None or o.limit < 1:
         return None
     if o.remaining is None or o.reset_after is None or o.remaining < 1:
         return None
     rate = o.limit / 60.0
-    held = o.remaining + max(0.0, o.reset_after - slack) * rate
+    held = o.remaining + max(0.0, o.reset_after - slack) * rate - MARGIN_UNITS
+    if held <= 0:
+        return None
     return min(held / o.limit, 1.0)
 
 

@@ -65,7 +65,7 @@ from rateloop.admission.reservation import (
 from rateloop.admission.spec import LimitSpec
 from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
+from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -483,7 +483,7 @@ class Limiter(BackendDriver):
             if self._learned_shared:
                 yield _Do(store)
         target = self._governing(scope)
-        if target is not None and (held := self._learned.learn_burst(target, signal)):
+        if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
             # The provider's bucket is short (or shorter than known): the target's
             # buckets take its capacity -- their levels stay, so a larger capacity
             # credits the difference, the headroom the provider has on top.
@@ -491,14 +491,19 @@ class Limiter(BackendDriver):
                 with self._lock:
                     self._forget_plans()
             if self._learned_shared:
-                yield _Do(held)
+                yield _Do(burst_op)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
             for check in build_checks(target, spec, profile=self.profile_of(scope)):
                 by_dimension[check.dimension] = check
+        held = self._learned.burst(target) if target is not None else None
         tightenings = tuple(
-            Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
+            Tightening(
+                check=by_dimension[d],
+                remaining=o.remaining,
+                reset_after=_next_unit(o, held, by_dimension[d]),
+            )
             for o in signal.observed
             if o.remaining is not None or o.reset_after is not None
             for d in tightened(o)
@@ -675,6 +680,30 @@ def _book_seconds(within: object) -> float:
     ):
         raise ValueError(f"book_within must be seconds >= 0 (or None), got {within!r}")
     return min(float(within), MAX_BOOK_SECONDS)
+
+
+def _next_unit(o: Observed, held: float | None, check: Check) -> float | None:
+    """The reset that blocks ``check`` when the provider has nothing ``remaining``.
+
+    A provider's ``reset`` is when its bucket is *full* again.  Without more
+    knowledge that is when it admits again (a window that resets whole).  When
+    its bucket is known to be a short, continuously refilled one (``held``,
+    the learned burst), it admits its next unit one unit's refill after it
+    was empty: ``reset`` less the bucket's length, plus ``1 / rate`` -- the
+    level resync already holds that much, so the scope is not blocked for the
+    whole refill while the provider admits again at its rate.
+    """
+    reset = o.reset_after
+    if (
+        reset is None
+        or held is None
+        or check.kind is not CheckKind.BUCKET
+        or o.remaining is None
+        or o.remaining >= 1
+    ):
+        return reset
+    rate = o.limit / 60.0 if o.limit is not None and o.limit >= 1 else check.rate
+    return max(0.0, reset - held * 60.0 + 1.0 / rate) if rate > 0 else reset
 
 
 def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:
