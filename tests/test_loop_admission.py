@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from _http_faults import throttle
-from rateloop._flow import BOOK_HORIZON_SECS
+from rateloop._flow import ARRIVAL_SLACK_SECS, BOOK_HORIZON_SECS
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
@@ -350,7 +350,7 @@ def test_thirty_callers_on_one_bucket_are_served_in_booking_order() -> None:
 
     outcomes = [loop.call(caller(i), route=ROUTE) for i in range(30)]
     assert all(o.ok for o in outcomes) and order == list(range(30))
-    expected = [0.05 * k for k in range(1, 11)]
+    expected = [0.05 * k + ARRIVAL_SLACK_SECS for k in range(1, 11)]
     assert [w for o in outcomes for w in booked(o)] == pytest.approx(expected)
     assert clock.sleeps == pytest.approx(expected)  # each sleeps its booking, once
     # No caller was denied and asked again: one admission wait each, all booked.
@@ -380,8 +380,12 @@ def test_thirty_async_callers_on_one_bucket_are_served_in_booking_order() -> Non
     # Booked in task order: the first 20 go now, then 50 ms apart, and each task
     # slept exactly its booking (one wait, no denial).
     assert waits[:20] == [[]] * 20
-    assert [w[0] for w in waits[20:]] == pytest.approx([0.05 * k for k in range(1, 11)])
-    assert sorted(clock.sleeps) == pytest.approx([0.05 * k for k in range(1, 11)])
+    assert [w[0] for w in waits[20:]] == pytest.approx(
+        [0.05 * k + ARRIVAL_SLACK_SECS for k in range(1, 11)]
+    )
+    assert sorted(clock.sleeps) == pytest.approx(
+        [0.05 * k + ARRIVAL_SLACK_SECS for k in range(1, 11)]
+    )
     assert order[:20] == list(range(20)) and sorted(order[20:]) == list(range(20, 30))
 
 
@@ -390,7 +394,7 @@ def test_a_booking_beyond_the_deadline_is_not_taken(clock: FakeClock) -> None:
     fn = FaultScript([ok()])
     assert loop.call(fn, route=ROUTE).ok
     assert loop.call(fn, route=ROUTE, deadline=2).ok  # booked 1 s ahead
-    assert clock.sleeps == [pytest.approx(1.0)]
+    assert clock.sleeps == [pytest.approx(1.0 + ARRIVAL_SLACK_SECS)]
     # The next start is 1 s ahead of now again; a 0.5 s deadline cannot afford it.
     out = loop.call(fn, route=ROUTE, deadline=0.5)
     assert out.status is Status.WAITING_FOR_CAPACITY

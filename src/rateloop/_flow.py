@@ -89,6 +89,13 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
 #: kept to a few seconds of pacing; a longer admission wait is served by polling
 #: ``try_reserve``, which does see pauses.
 BOOK_HORIZON_SECS = 5.0
+#: A booked start, or a wait for capacity, is reached this much late.  The limiter's
+#: model of a provider's bucket frees a unit on the exact instant the provider's does;
+#: arriving on that instant leaves the provider a rounding error from refusing (its
+#: refill runs on another clock), and a refused request still spends its slot there, so
+#: every later start of the schedule would be refused too.  A millisecond later the
+#: provider has surely refilled; the schedule itself does not move.
+ARRIVAL_SLACK_SECS = 0.001
 
 
 class _BaseRateLoop:
@@ -291,7 +298,10 @@ class _BaseRateLoop:
                             try:
                                 why = f"booked capacity on {route.scope}"
                                 yield wait_for(
-                                    granted.starts_in, DecisionKind.ADMISSION_WAIT, route, why
+                                    granted.starts_in + ARRIVAL_SLACK_SECS,
+                                    DecisionKind.ADMISSION_WAIT,
+                                    route,
+                                    why,
                                 )
                             except BaseException:
                                 yield LimiterCall(granted, "release", ())

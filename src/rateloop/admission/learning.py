@@ -10,6 +10,16 @@ learned limits of a zero-config route's scopes at most once per
 :data:`REFRESH_SECONDS` (:class:`LearnedOp`, one extra round trip then), so
 one process learns and all of them use it.  The learned values expire from
 the backend after :data:`LEARNED_TTL_SECONDS` without being learned again.
+
+The provider's *burst* is learned the same way, for configured and learned
+limits alike (a configured ``burst`` always wins): a response's ``remaining``
+and ``reset`` tell how much the provider's bucket holds, ``C ≈ remaining +
+reset × limit / 60`` (:func:`capacity_estimate`).  When that is clearly less
+than a minute's allowance (:data:`SHORT_BUCKET`) the provider enforces a
+short bucket and the scope's buckets hold what it holds; when it is about a
+minute (OpenAI's and Anthropic's headers describe the minute while they may
+enforce per second) the profile's pacing stays.  Every estimate is a lower
+bound of the capacity, so the learned value is the largest one seen.
 """
 
 from __future__ import annotations
@@ -25,11 +35,15 @@ from rateloop.route import Route
 from rateloop.signal import Dimension, LimitSignal, Observed
 
 __all__ = [
+    "BURST_FIELD",
     "LEARNED_TTL_SECONDS",
+    "MARGIN_UNITS",
     "REFRESH_SECONDS",
+    "SHORT_BUCKET",
     "LearnOp",
     "Learned",
     "LearnedOp",
+    "capacity_estimate",
     "learned_field",
     "path",
     "tightened",
@@ -39,6 +53,18 @@ __all__ = [
 REFRESH_SECONDS = 1.0
 #: Learned limits stay in the backend this long after they were last learned.
 LEARNED_TTL_SECONDS = 86_400.0
+
+#: A provider bucket holding less than this fraction of a minute's allowance is a
+#: short bucket, whose capacity becomes the scope's burst (when none is configured).
+SHORT_BUCKET = 0.5
+#: A learned bucket is planned this many units short of the provider's (see
+#: :func:`capacity_estimate`).
+MARGIN_UNITS = 1.0
+#: The field under which the backend keeps a scope's learned burst (a fraction of a
+#: minute, the largest capacity estimate seen; used only while below SHORT_BUCKET).
+BURST_FIELD = "burst"
+#: A learned burst is written to the backend again only when it grew by more than this.
+_BURST_STEP = 1.02
 
 #: The LimitSpec fields a provider's headers can teach (the integer rate limits).
 LEARNABLE = (
@@ -56,13 +82,16 @@ class LearnOp:
     """Store limits learned for ``scope`` (field name, value) in the backend."""
 
     scope: str
-    limits: tuple[tuple[str, int], ...]
+    limits: tuple[tuple[str, float], ...]
     ttl: float = LEARNED_TTL_SECONDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LearnedOp:
-    """Read the learned limits of ``scopes``: the result maps scope -> {field: value}."""
+    """Read the learned limits of ``scopes``: the result maps scope -> {field: value}.
+
+    The values are the limits (integers) and :data:`BURST_FIELD` (a fraction).
+    """
 
     scopes: tuple[str, ...]
 
@@ -97,6 +126,33 @@ def learned_field(o: Observed) -> str | None:
     return None
 
 
+def capacity_estimate(o: Observed, *, slack: float = 0.0) -> float | None:
+    """What the provider's bucket of ``o`` holds, as a fraction of its minute's allowance.
+
+    A bucket refilled at ``limit / 60`` a second that has ``remaining`` units
+    now and is full after ``reset_after`` seconds holds ``remaining +
+    reset_after × limit / 60``, less :data:`MARGIN_UNITS`: admitting exactly
+    at the provider's capacity and rate leaves it a rounding error from
+    refusing (and a refused request still spends its slot there); one unit
+    short keeps it one unit ahead.  ``slack`` is the resolution of the reset
+    (Anthropic's RFC 3339 times are whole seconds: the reset may be up to a
+    second later than the refill), taken off so the estimate is never above
+    the capacity.  ``None`` when it cannot tell: a window other than a
+    minute, a missing value, ``remaining < 1`` (a bucket in debt reports 0
+    and a reset longer than its capacity), or a bucket of no more than the
+    margin.
+    """
+    if o.window != 60.0 or o.limit is None or o.limit < 1:
+        return None
+    if o.remaining is None or o.reset_after is None or o.remaining < 1:
+        return None
+    rate = o.limit / 60.0
+    held = o.remaining + max(0.0, o.reset_after - slack) * rate - MARGIN_UNITS
+    if held <= 0:
+        return None
+    return min(held / o.limit, 1.0)
+
+
 def tightened(o: Observed) -> tuple[Dimension, ...]:
     """The dimensions whose state an observed ``remaining``/``reset`` tightens.
 
@@ -121,10 +177,43 @@ class Learned:
         self._shared = shared  # the backend is shared with other processes: read it
         self._lock = threading.Lock()
         self.specs: dict[str, LimitSpec] = {}
+        #: scope -> the largest capacity estimate seen (a fraction of a minute)
+        self.capacities: dict[str, float] = {}
         self._due: dict[Route, float] = {}
 
     def get(self, scope: str) -> LimitSpec | None:
         return self.specs.get(scope)
+
+    def burst(self, scope: str) -> float | None:
+        """The learned burst of ``scope``: its provider's bucket, when that is short."""
+        held = self.capacities.get(scope)
+        if held is None or held >= SHORT_BUCKET:
+            return None
+        return held
+
+    def learn_burst(self, scope: str, signal: LimitSignal) -> LearnOp | None:
+        """Take the provider's bucket capacity from ``signal`` for ``scope``.
+
+        The smallest estimate over the signal's per-minute dimensions (one
+        burst serves them all), kept when it is larger than what was known
+        (each estimate is a lower bound); the op storing it when it grew by
+        more than 2 %, so a steady provider is written once.
+        """
+        slack = 1.0 if signal.provider == "anthropic" else 0.0
+        estimates = [
+            e for o in signal.observed if (e := capacity_estimate(o, slack=slack)) is not None
+        ]
+        if not estimates or not self._merge_capacity(scope, min(estimates)):
+            return None
+        return LearnOp(scope=scope, limits=((BURST_FIELD, self.capacities[scope]),))
+
+    def _merge_capacity(self, scope: str, held: float) -> bool:
+        with self._lock:
+            old = self.capacities.get(scope)
+            if old is not None and held <= old * _BURST_STEP:
+                return False
+            self.capacities[scope] = held
+        return True
 
     def learn(self, scope: str, signal: LimitSignal) -> LearnOp | None:
         """Take limits from ``signal`` for ``scope``; the op storing them if they changed."""
@@ -151,30 +240,28 @@ class Learned:
         return True
 
     def refresh_op(self, route: Route, now: float) -> LearnedOp | None:
-        """The read of the backend's learned limits for ``route``, when one is due.
+        """The read of the backend's learned values for ``route``, when one is due.
 
-        Only for a shared backend and a route without configured limits, and
-        at most once per :data:`REFRESH_SECONDS` per route.
+        Only for a shared backend, at most once per :data:`REFRESH_SECONDS`
+        per route; the limiter asks only for a route that can learn something
+        (no configured limits, or a configured scope without ``burst``).
         """
         if not self._shared:
             return None
         due = self._due.get(route)
         if due is not None and now < due:
             return None
-        scopes = route.scopes
         if len(self._due) >= 4096:
             self._due.clear()
-        if any(self._configured(s) for s in scopes):
-            return None
         self._due[route] = now + REFRESH_SECONDS
-        return LearnedOp(scopes=scopes)
+        return LearnedOp(scopes=route.scopes)
 
     def forget_schedule(self) -> None:
         """Configured limits changed: every route decides again whether it reads."""
         self._due.clear()
 
-    def apply(self, result: Mapping[str, Mapping[str, int]] | None) -> bool:
-        """Adopt what the backend holds; True when a learned limit changed."""
+    def apply(self, result: Mapping[str, Mapping[str, float]] | None) -> bool:
+        """Adopt what the backend holds; True when a learned limit or burst changed."""
         changed = False
         for scope, limits in (result or {}).items():
             valid = {
@@ -184,4 +271,7 @@ class Learned:
             }
             if valid and not any(self._configured(s) for s in path(scope)):
                 changed = self._merge(scope, valid) or changed
+            held = limits.get(BURST_FIELD)
+            if isinstance(held, int | float) and 0 < held <= 1:
+                changed = self._merge_capacity(scope, float(held)) or changed
         return changed

@@ -26,6 +26,7 @@ import math
 import random
 import secrets
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
@@ -64,7 +65,7 @@ from rateloop.admission.reservation import (
 from rateloop.admission.spec import LimitSpec
 from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, clamp_wait
+from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -81,6 +82,7 @@ T = TypeVar("T")
 
 
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
+_NO_SPEC = LimitSpec()
 _PLAN_CACHE_SIZE = 4096
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 _new_tuple = tuple.__new__
@@ -217,8 +219,18 @@ class Limiter(BackendDriver):
         return profile_for(scope.split(":", 1)[0])
 
     def limits_for(self, scope: str) -> LimitSpec | None:
-        """The configured limits of ``scope``, else those learned from headers, else None."""
-        return self._limits.get(scope) or self._learned.specs.get(scope)
+        """The limits in force in ``scope``: configured, else learned from headers, else None.
+
+        Without a configured ``burst``, the burst learned from the provider's
+        headers (its bucket, when it holds less than a minute) is the spec's
+        ``burst``; without either, the profile's pacing applies.
+        """
+        spec = self._limits.get(scope) or self._learned.specs.get(scope)
+        if spec is not None and spec.burst is None:
+            burst = self._learned.burst(scope)
+            if burst is not None:
+                return replace(spec, burst=burst)
+        return spec
 
     @property
     def limits(self) -> Mapping[str, LimitSpec]:
@@ -252,7 +264,10 @@ class Limiter(BackendDriver):
                 if spec is not None:
                     checks.extend(build_checks(scope, spec, prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
-            plan.learnable = not any(scope in self._limits for scope in scopes)
+            # Something can be learned: limits (nothing configured on the route) or
+            # the provider's burst (a configured scope without ``burst``).
+            configured = [self._limits[s] for s in scopes if s in self._limits]
+            plan.learnable = not configured or any(c.burst is None for c in configured)
         with self._lock:
             if generation != self._generation:  # limits changed meanwhile
                 return plan
@@ -325,10 +340,11 @@ class Limiter(BackendDriver):
         return self._denied(result)
 
     def _refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
-        """Zero-config on a shared backend: read what other processes learned, when due.
+        """On a shared backend: read what other processes learned, when due.
 
-        Only routes without configured limits learn (``plan.learnable``, known
-        from the cached plan without hashing the route).
+        Only routes that can learn something ask (``plan.learnable``, known
+        from the cached plan without hashing the route): limits where none
+        are configured, the provider's burst where no ``burst`` is.
         """
         if not self._plan(route, priority).learnable:
             return None
@@ -467,13 +483,27 @@ class Limiter(BackendDriver):
             if self._learned_shared:
                 yield _Do(store)
         target = self._governing(scope)
+        if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
+            # The provider's bucket is short (or shorter than known): the target's
+            # buckets take its capacity -- their levels stay, so a larger capacity
+            # credits the difference, the headroom the provider has on top.
+            if self._limits.get(target, _NO_SPEC).burst is None:
+                with self._lock:
+                    self._forget_plans()
+            if self._learned_shared:
+                yield _Do(burst_op)
         spec = self.limits_for(target) if target is not None else None
         by_dimension: dict[Dimension, Check] = {}
         if target is not None and spec is not None:
             for check in build_checks(target, spec, profile=self.profile_of(scope)):
                 by_dimension[check.dimension] = check
+        held = self._learned.burst(target) if target is not None else None
         tightenings = tuple(
-            Tightening(check=by_dimension[d], remaining=o.remaining, reset_after=o.reset_after)
+            Tightening(
+                check=by_dimension[d],
+                remaining=o.remaining,
+                reset_after=_next_unit(o, held, by_dimension[d]),
+            )
             for o in signal.observed
             if o.remaining is not None or o.reset_after is not None
             for d in tightened(o)
@@ -650,6 +680,30 @@ def _book_seconds(within: object) -> float:
     ):
         raise ValueError(f"book_within must be seconds >= 0 (or None), got {within!r}")
     return min(float(within), MAX_BOOK_SECONDS)
+
+
+def _next_unit(o: Observed, held: float | None, check: Check) -> float | None:
+    """The reset that blocks ``check`` when the provider has nothing ``remaining``.
+
+    A provider's ``reset`` is when its bucket is *full* again.  Without more
+    knowledge that is when it admits again (a window that resets whole).  When
+    its bucket is known to be a short, continuously refilled one (``held``,
+    the learned burst), it admits its next unit one unit's refill after it
+    was empty: ``reset`` less the bucket's length, plus ``1 / rate`` -- the
+    level resync already holds that much, so the scope is not blocked for the
+    whole refill while the provider admits again at its rate.
+    """
+    reset = o.reset_after
+    if (
+        reset is None
+        or held is None
+        or check.kind is not CheckKind.BUCKET
+        or o.remaining is None
+        or o.remaining >= 1
+    ):
+        return reset
+    rate = o.limit / 60.0 if o.limit is not None and o.limit >= 1 else check.rate
+    return max(0.0, reset - held * 60.0 + 1.0 / rate) if rate > 0 else reset
 
 
 def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:

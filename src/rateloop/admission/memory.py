@@ -126,7 +126,7 @@ class MemoryBackend:
         self._monotonic = self._clock.monotonic  # bound once: read on every operation
         self._lock = threading.Lock()
         self._scopes: dict[str, _Scope] = {}
-        self._learned: dict[str, tuple[dict[str, int], float]] = {}
+        self._learned: dict[str, tuple[dict[str, float], float]] = {}
         self._start_full = False
 
     url = "memory://"
@@ -151,7 +151,10 @@ class MemoryBackend:
             if isinstance(op, ObserveOp):
                 return self._observe(op, now, self._clock.now().timestamp())
             if isinstance(op, LearnOp):
-                self._learned[op.scope] = (dict(op.limits), now + op.ttl)
+                held = self._learned.get(op.scope)
+                values = dict(held[0]) if held is not None and held[1] > now else {}
+                values.update(op.limits)
+                self._learned[op.scope] = (values, now + op.ttl)
                 return 1
             if isinstance(op, LearnedOp):
                 found = {s: self._learned.get(s) for s in op.scopes}

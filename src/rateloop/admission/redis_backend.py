@@ -423,17 +423,17 @@ class RedisBackend:
         return "observe", [self._key("s", op.scope)], args, float
 
 
-def _decode_learned(scopes: tuple[str, ...], reply: list[Any]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
+def _decode_learned(scopes: tuple[str, ...], reply: list[Any]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
     at = 0
     for scope in scopes:
         count = int(reply[at])
         items = reply[at + 1 : at + 1 + 2 * count]
         at += 1 + 2 * count
-        limits: dict[str, int] = {}
+        limits: dict[str, float] = {}
         for name, value in zip(items[::2], items[1::2], strict=True):
             try:
-                limits[str(name)] = int(float(value))
+                limits[str(name)] = float(value)  # limits are whole; a burst is a fraction
             except ValueError:
                 continue  # not ours to interpret
         if limits:

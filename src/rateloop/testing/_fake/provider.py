@@ -360,6 +360,10 @@ class FakeProvider:
                 for name in ("output_tokens", "tokens"):
                     if name in self._buckets:
                         self._buckets[name].give_back(unused)
+            # The headers tell the buckets as they are now, refilled since the last request.
+            mono = self.clock.monotonic()
+            for bucket in self._buckets.values():
+                bucket.refill(mono)
             now = self.clock.now()
             response = shapes.success(
                 ticket.profile,
