@@ -86,7 +86,7 @@ async def _work(spec: dict[str, Any]) -> list[tuple[float, bool]]:
         backend = MemoryBackendBuilder()
     limiter = RateLimiter(PerModelConfig(quotas=UsageQuotas(quotas)), backend=backend)
     sdk = openai.AsyncOpenAI(base_url=spec["url"] + "/v1", api_key="fake", timeout=60)
-    gate = asyncio.Semaphore(max(1, cfg["concurrency"] // processes))
+    gate = asyncio.Semaphore(cfg["slots"])
 
     async def call(inp: int, cap: int, out: int) -> bool:
         reservation = await limiter.acquire_capacity(

@@ -207,7 +207,7 @@ async def _work(strategy: str, url: str, cfg: dict[str, Any], processes: int,
                 tasks: list[list[tuple[int, int, int]]], ready: Any, go: Any,
                 start_at: Any) -> list[tuple[float, bool]]:
     caller, close = make_caller(strategy, url, cfg, processes)
-    gate = asyncio.Semaphore(max(1, cfg["concurrency"] // processes))
+    gate = asyncio.Semaphore(cfg["slots"])
     ready.release()
     while not go.is_set():  # the clock starts when every process is ready
         await asyncio.sleep(0.005)
@@ -352,6 +352,21 @@ def setup_peers(base: str | None) -> None:
 # -- one run ------------------------------------------------------------------------------
 
 
+def split(tasks: list[Any], concurrency: int, processes: int) -> list[tuple[int, list[Any]]]:
+    """(slots, tasks) per process: ``concurrency`` slots in all, tasks in proportion.
+
+    30 slots over 4 processes are 8, 8, 7, 7 (not 7 each: 28 in all), and 60
+    tasks go 16, 16, 14, 14, so that every process runs the same number of
+    waves and none is left with one task running alone at the end.
+    """
+    slots = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    shares: list[list[Any]] = [[] for _ in range(processes)]
+    for t in tasks:  # dealt to the process furthest below its share
+        i = min(range(processes), key=lambda k: (len(shares[k]) / max(1, slots[k]), k))
+        shares[i].append(t)
+    return [(max(1, n), share) for n, share in zip(slots, shares, strict=True)]
+
+
 def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from rateloop.sim.harness import ideal_seconds
     from rateloop.sim.workload import CallSpec
@@ -369,12 +384,11 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
         ready, go = ctx.Semaphore(0), ctx.Event()
         start_at = ctx.Value("d", 0.0)
         results = ctx.Queue()
-        shares = [calls[i::processes] for i in range(processes)]
         worker = _peer_worker if strategy in PEER_STRATEGIES else _worker
         procs = [
-            ctx.Process(target=worker, args=(strategy, server.url, cfg, processes, share,
-                                              ready, go, start_at, results))
-            for share in shares
+            ctx.Process(target=worker, args=(strategy, server.url, {**cfg, "slots": slots},
+                                              processes, share, ready, go, start_at, results))
+            for slots, share in split(calls, cfg["concurrency"], processes)
         ]
         for p in procs:
             p.start()
