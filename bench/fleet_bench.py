@@ -424,6 +424,7 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
         "429_per_success": round(stats.refused / served, 3) if served else None,
         "served": served,
         "refused": stats.refused,
+        "refused_by": {k: v for k, v in stats.refusals.items() if v},
     }
 
 
