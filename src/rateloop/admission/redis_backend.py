@@ -30,19 +30,22 @@ written scope.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import threading
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from rateloop._redact import redact_url
+from rateloop.admission._admit_script import Shape, admit_script, argument_count, shape_of
 from rateloop.admission.backend import BackendUnreachable
-from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitPlan,
     AdmitResult,
+    Check,
     CheckKind,
     ObserveOp,
     PauseOp,
@@ -57,7 +60,6 @@ try:
     import redis.asyncio as aredis
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
-    from redis.commands.core import AsyncScript, Script
     from redis.exceptions import NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -66,20 +68,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["RedisBackend", "redact_url"]
 
-_SCRIPTS = ("admit", "settle", "pause", "observe", "learned")
+_SCRIPTS = ("settle", "pause", "observe", "learned")  # admit: one script per plan shape
 
-# What a plan encodes to, whatever the cost: (the plan, all scopes, their 1-based index,
-# KEYS, the plan argument of admit.lua, the decoder of its reply).
-_EncodedPlan = tuple[
-    AdmitPlan, tuple[str, ...], dict[str, int], list[bytes], bytes, Callable[[Any], AdmitResult]
-]
 _new_tuple = tuple.__new__
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
     "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
 )
-
-
 
 
 def _script_text(name: str) -> str:
@@ -90,6 +85,96 @@ def _script_text(name: str) -> str:
 
 def _fmt(value: float) -> str:
     return repr(float(value))
+
+
+class _Script(NamedTuple):
+    """A script's SHA-1 (as sent with EVALSHA) and its text (sent once, if the server lacks it)."""
+
+    sha: str
+    text: str
+
+    @classmethod
+    def of(cls, text: str) -> _Script:
+        return cls(hashlib.sha1(text.encode()).hexdigest(), text)
+
+
+class _Call(NamedTuple):
+    """One operation encoded: its script, KEYS and ARGV, the decoder of the reply.
+
+    ``packed`` is the whole ``EVALSHA`` command in the Redis protocol when the
+    encoder built it already (the admission hot path); the sync path sends it
+    as is.
+    """
+
+    script: _Script
+    keys: list[Any]
+    args: list[Any]
+    decode: Callable[[Any], Any]
+    packed: bytes | None = None
+
+
+class _EncodedPlan(NamedTuple):
+    """What a plan encodes to, whatever the cost (cached per plan).
+
+    ``head`` is the packed ``EVALSHA`` command up to the first argument (the
+    script's SHA, KEYS); ``consts`` per check its constant argument (rate,
+    day offset or lease TTL), ``shared`` the packed ``allowed`` and constant
+    arguments of a call within its class's shares.
+    """
+
+    plan: AdmitPlan
+    scopes: tuple[str, ...]
+    numbers: dict[str, int]
+    keys: list[bytes]
+    script: _Script
+    head: bytes
+    consts: tuple[bytes, ...]
+    shared: tuple[bytes, ...]
+    decode: Callable[[Any], AdmitResult]
+
+
+def _bulk(value: bytes) -> bytes:
+    """``value`` as a Redis protocol bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+_NUMBERS: dict[float, bytes] = {}
+
+
+def _number(value: float) -> bytes:
+    """A float argument as a packed bulk string (its ``repr``: exact), cached by value."""
+    packed = _NUMBERS.get(value)
+    if packed is None:
+        packed = _bulk(repr(float(value)).encode())
+        if len(_NUMBERS) < 4096:
+            _NUMBERS[value] = packed
+    return packed
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode()
+
+
+def _pack(command: bytes, script: bytes, keys: list[Any], args: list[Any]) -> bytes:
+    """``command script len(keys) *keys *args`` in the Redis protocol."""
+    parts = [b"*%d\r\n" % (3 + len(keys) + len(args)), _bulk(command), _bulk(script)]
+    parts.append(_bulk(b"%d" % len(keys)))
+    parts += [_bulk(_as_bytes(v)) for v in keys]
+    parts += [_bulk(_as_bytes(v)) for v in args]
+    return b"".join(parts)
+
+
+def _evalsha_head(script: _Script, items: int) -> bytes:
+    return b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n" % (items, script.sha.encode())
+
+
+def _as_eval(script: _Script, packed: bytes) -> bytes:
+    """The ``EVAL`` twin of a packed ``EVALSHA`` command: the text instead of the SHA."""
+    star = packed.index(b"\r\n")
+    rest = packed[star + 2 + len(b"$7\r\nEVALSHA\r\n$40\r\n") + 40 + 2 :]
+    return packed[: star + 2] + _bulk(b"EVAL") + _bulk(script.text.encode()) + rest
 
 
 class RedisBackend:
@@ -121,70 +206,78 @@ class RedisBackend:
             "decode_responses": True,
             **options,
         }
-        self._texts = {name: _script_text(name) for name in _SCRIPTS}
+        self._scripts = {name: _Script.of(_script_text(name)) for name in _SCRIPTS}
+        self._admit_scripts: dict[Shape, _Script] = {}
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
-        self._scripts: dict[str, Script] = {}
-        # redis.asyncio connections belong to one event loop: one client per loop.
+        # The sync hot path's own connection, taken from the client's pool once and used
+        # by one thread at a time (others take one from the pool meanwhile): a pool's
+        # get/release costs as much as the Redis script it brings.
+        self._lane: Any = None  # a redis.Connection (untyped in redis-py)
+        self._lane_pid = 0
+        self._lane_lock = threading.Lock()
         self._plan_cache: dict[int, _EncodedPlan] = {}
-        self._aclients: dict[
-            asyncio.AbstractEventLoop,
-            tuple[aredis.Redis | AsyncRedisCluster, dict[str, AsyncScript]],
-        ] = {}
+        # The last admission's packed command, by identity of its operation (the limiter
+        # reuses one AdmitOp while the cost repeats and no lease makes each call unique).
+        self._last_admit: tuple[object, bytes] = (None, b"")
+        # redis.asyncio connections belong to one event loop: one client per loop.
+        self._aclients: dict[asyncio.AbstractEventLoop, aredis.Redis | AsyncRedisCluster] = {}
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r}, prefix={self.prefix!r})"
 
     # -- clients ------------------------------------------------------------------------
 
-    def _sync_scripts(self) -> dict[str, Script]:
-        if self._client is None:
+    def _sync_client(self) -> redis.Redis | RedisCluster:
+        client = self._client
+        if client is None:
             with self._lock:  # threads racing on first use build one client
-                if self._client is None:
-                    client: redis.Redis | RedisCluster = (
+                client = self._client
+                if client is None:
+                    client = self._client = (
                         RedisCluster.from_url(self._raw_url, **self._options)
                         if self.cluster
                         else redis.Redis.from_url(self._raw_url, **self._options)
                     )
-                    self._scripts = {n: client.register_script(t) for n, t in self._texts.items()}
-                    self._client = client
-        return self._scripts
+        return client
 
-    def _async_scripts(self) -> dict[str, AsyncScript]:
+    def _async_client(self) -> aredis.Redis | AsyncRedisCluster:
         loop = asyncio.get_running_loop()
-        entry = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
-        if entry is None:
+        client = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
+        if client is None:
             # Event loops in other threads add and prune entries too: iterate and
             # mutate the dict only under the lock.
             with self._lock:
                 for dead in [lp for lp in self._aclients if lp.is_closed()]:
                     del self._aclients[dead]  # its loop is gone; aclose() was not called
-                entry = self._aclients.get(loop)
-                if entry is None:
-                    client: aredis.Redis | AsyncRedisCluster = (
+                client = self._aclients.get(loop)
+                if client is None:
+                    client = self._aclients[loop] = (
                         AsyncRedisCluster.from_url(self._raw_url, **self._options)
                         if self.cluster
                         else aredis.Redis.from_url(self._raw_url, **self._options)
                     )
-                    scripts = {n: client.register_script(t) for n, t in self._texts.items()}
-                    entry = self._aclients[loop] = (client, scripts)
-        return entry[1]
+        return client
 
     def close(self) -> None:
         """Close the sync client (async clients: ``aclose`` in their event loop)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._lane_lock:
+            lane, self._lane = self._lane, None
+        client, self._client = self._client, None
+        if lane is not None and isinstance(client, redis.Redis) and self._lane_pid == os.getpid():
+            client.connection_pool.release(lane)
+        if client is not None:
+            client.close()
 
     async def aclose(self) -> None:
         """Close the async client of the running loop (and forget clients of closed loops)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            entry = self._aclients.pop(loop, None)
+            client = self._aclients.pop(loop, None)
             for dead in [lp for lp in self._aclients if lp.is_closed()]:
                 del self._aclients[dead]
-        if entry is not None:
-            await entry[0].aclose()
+        if client is not None:
+            await client.aclose()
 
     def _error(self, exc: Exception) -> BackendError:
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
@@ -202,72 +295,100 @@ class RedisBackend:
         after a Redis restart, a reset) is retried once on a fresh one before
         Redis counts as unreachable.
         """
-        name, keys, args, decode = self._encode(op)
+        call = self._encode(op, packed=not self.cluster)
         try:
             try:
-                reply = self._call(name, keys, args, timeout)
+                reply = self._call(call, timeout)
             except redis.ConnectionError:
-                reply = self._call(name, keys, args, timeout)  # once, on a new connection
+                reply = self._call(call, timeout)  # once, on a new connection
         except redis.RedisError as exc:
             raise self._error(exc) from exc
-        return decode(reply)
+        return call.decode(reply)
 
-    def _call(self, name: str, keys: list[Any], args: list[Any], timeout: float | None) -> Any:
-        script = self._sync_scripts()[name]
-        client = script.registered_client
-        if timeout is None or self.cluster:  # a cluster client keeps its socket timeout
+    def _call(self, call: _Call, timeout: float | None) -> Any:
+        client = self._sync_client()
+        if not isinstance(client, redis.Redis):  # a cluster routes by key; its socket timeout
+            sha, text = call.script
             try:
-                return client.evalsha(script.sha, len(keys), *keys, *args)
+                return client.evalsha(sha, len(call.keys), *call.keys, *call.args)
             except NoScriptError:
                 # Not in this server's cache yet (a fresh or restarted server): EVAL
                 # sends the text and caches it, so the next EVALSHA finds it.
-                return client.eval(self._texts[name], len(keys), *keys, *args)
-        # The caller's deadline bounds this round trip, not the client's socket timeout.
-        if not isinstance(self._client, redis.Redis):  # pragma: no cover - built above
-            raise redis.ConnectionError("no client")
-        pool = self._client.connection_pool
-        conn: Any = pool.get_connection()  # redis-py's Connection methods are untyped
-        try:
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return client.eval(text, len(call.keys), *call.keys, *call.args)
+        packed = call.packed
+        if packed is None:
+            packed = _pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+        # The lane if no other thread is using it, else a connection from the pool.
+        if self._lane_lock.acquire(False):
             try:
-                return conn.read_response(timeout=max(timeout, 0.001))
-            except NoScriptError:
-                conn.send_command("EVAL", self._texts[name], len(keys), *keys, *args)
-                return conn.read_response(timeout=max(timeout, 0.001))
-        except TimeoutError as exc:
-            conn.disconnect()  # its answer may still come: never reuse the connection
-            raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+                conn = self._lane
+                if conn is None or self._lane_pid != os.getpid():  # none yet, or forked
+                    conn = self._lane = client.connection_pool.get_connection()
+                    self._lane_pid = os.getpid()
+                return self._exchange(conn, call.script, packed, timeout)
+            finally:
+                self._lane_lock.release()
+        pool = client.connection_pool
+        conn = pool.get_connection()
+        try:
+            return self._exchange(conn, call.script, packed, timeout)
         finally:
             pool.release(conn)
 
+    @staticmethod
+    def _exchange(conn: Any, script: _Script, packed: bytes, timeout: float | None) -> Any:
+        """Send one packed ``EVALSHA`` on ``conn``, read its answer (``EVAL`` on NOSCRIPT).
+
+        redis-py's connection disconnects itself on any error while sending or
+        reading, so the next use reconnects; ``timeout`` (the caller's
+        deadline) bounds the read instead of the client's socket timeout.
+        """
+        try:
+            conn.send_packed_command([packed])
+            try:
+                if timeout is None:
+                    return conn.read_response()
+                return conn.read_response(timeout=max(timeout, 0.001))
+            except NoScriptError:
+                # Not in this server's cache yet (a fresh or restarted server): EVAL
+                # sends the text and caches it, so the next EVALSHA finds it.
+                conn.send_packed_command([_as_eval(script, packed)])
+                if timeout is None:
+                    return conn.read_response()
+                return conn.read_response(timeout=max(timeout, 0.001))
+        except (TimeoutError, redis.TimeoutError) as exc:
+            conn.disconnect()  # its answer may still come: never reuse the connection
+            if timeout is None:
+                raise
+            raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
-        name, keys, args, decode = self._encode(op)
+        call = self._encode(op, packed=False)
         try:
             try:
-                reply = await self._acall(name, keys, args, timeout)
+                reply = await self._acall(call, timeout)
             except redis.ConnectionError:
-                reply = await self._acall(name, keys, args, timeout)
+                reply = await self._acall(call, timeout)
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         except TimeoutError as exc:  # asyncio.wait_for: the caller's deadline passed
             raise self._error(redis.TimeoutError(f"no answer within {timeout} s")) from exc
-        return decode(reply)
+        return call.decode(reply)
 
-    async def _acall(
-        self, name: str, keys: list[Any], args: list[Any], timeout: float | None
-    ) -> Any:
-        script = self._async_scripts()[name]
-        client = script.registered_client
+    async def _acall(self, call: _Call, timeout: float | None) -> Any:
+        client = self._async_client()
+        sha, text = call.script
+        keys, args = call.keys, call.args
 
-        async def call() -> Any:
+        async def run() -> Any:
             try:
-                return await client.evalsha(script.sha, len(keys), *keys, *args)
+                return await client.evalsha(sha, len(keys), *keys, *args)
             except NoScriptError:
-                return await client.eval(self._texts[name], len(keys), *keys, *args)
+                return await client.eval(text, len(keys), *keys, *args)
 
         if timeout is None:
-            return await call()
-        return await asyncio.wait_for(call(), max(timeout, 0.001))
+            return await run()
+        return await asyncio.wait_for(run(), max(timeout, 0.001))
 
     # -- encoding operations --------------------------------------------------------------------
 
@@ -281,14 +402,15 @@ class RedisBackend:
         root = ":".join(scope.split(":", 2)[:2])
         return f"{self.prefix}{{{root}}}:{kind}:{scope}"
 
-    def _encode(self, op: object) -> tuple[str, list[Any], list[Any], Any]:
+    def _encode(self, op: object, packed: bool) -> _Call:
+        """``op`` as a script call; ``packed``: build the protocol bytes too, if cheaper."""
         if isinstance(op, AdmitOp):
-            return self._encode_admit(op)
+            return self._encode_admit(op, packed)
         if isinstance(op, SettleOp):
             return self._encode_settle(op)
         if isinstance(op, PauseOp):
-            return (
-                "pause",
+            return _Call(
+                self._scripts["pause"],
                 [self._key("s", op.scope)],
                 [_fmt(op.seconds), op.reason],
                 lambda r: PauseResult(now=float(r[0]), until=float(r[1])),
@@ -298,11 +420,13 @@ class RedisBackend:
         if isinstance(op, LearnOp):
             flat = [str(x) for pair in op.limits for x in pair]
             ms = str(int(op.ttl * 1000))
-            return "learned", [self._key("k", op.scope)], ["w", ms, *flat], int
+            return _Call(
+                self._scripts["learned"], [self._key("k", op.scope)], ["w", ms, *flat], int
+            )
         if isinstance(op, LearnedOp):
             scopes = op.scopes
-            return (
-                "learned",
+            return _Call(
+                self._scripts["learned"],
                 [self._key("k", s) for s in scopes],
                 ["r"],
                 lambda reply: _decode_learned(scopes, reply),
@@ -310,64 +434,93 @@ class RedisBackend:
         raise TypeError(f"RedisBackend cannot execute {op!r}")
 
     def _encoded(self, plan: AdmitPlan) -> _EncodedPlan:
-        """The cost-independent encoding of ``plan``: keys, the plan argument, the decoder.
+        """The cost-independent encoding of ``plan``: keys, script, packed head, decoder.
 
         The limiter caches plans per (route, priority), so this runs once per
         plan (recognised by identity); a call then adds its amounts.
         """
         cached = self._plan_cache.get(id(plan))
-        if cached is None or cached[0] is not plan:
+        if cached is None or cached.plan is not plan:
             cached = self._encode_plan(plan)
             if len(self._plan_cache) >= 4096:
                 self._plan_cache.clear()
             self._plan_cache[id(plan)] = cached
         return cached
 
-    def _encode_admit(self, op: AdmitOp) -> tuple[str, list[Any], list[Any], Any]:
-        """Two arguments whatever the plan: the fixed plan, and this call's amounts.
+    def _encode_admit(self, op: AdmitOp, packed: bool) -> _Call:
+        """The plan's script and KEYS, and this call's arguments (see ``admit.lua``).
 
-        redis-py packs every argument in Python, so few arguments are what
-        makes one admission cheap on the client.
+        redis-py packs every argument in Python; on the sync path the command
+        is packed here instead, from the plan's packed head and, for a call
+        within its class's shares, packed ``allowed`` and constant arguments:
+        only the amounts (and a lease id) are new per call.
         """
         encoded = self._encoded(op.plan)
-        parts = [op.lease_id or "-", repr(op.aimd.recover_per_second), repr(op.book)]
-        for allowed, amount in zip(op.allowed, op.amounts):  # noqa: B905 - parallel by design
-            parts.append(repr(allowed))
-            parts.append(repr(amount))
-        return "admit", encoded[3], [encoded[4], " ".join(parts)], encoded[5]
+        if not packed:
+            args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.book)]
+            if op.plan.lease_scope is not None:
+                args.append(op.lease_id or "-")
+            for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
+                args += [_fmt(amount), _fmt(allowed), const]
+            return _Call(encoded.script, encoded.keys, args, encoded.decode)
+        last = self._last_admit
+        if last[0] is op:
+            return _Call(encoded.script, encoded.keys, [], encoded.decode, last[1])
+        parts = [encoded.head, _number(op.aimd.recover_per_second), _number(op.book)]
+        if op.plan.lease_scope is not None:
+            parts.append(_bulk((op.lease_id or "-").encode()))
+        number = _number
+        if op.allowed is op.plan.shares:  # the common case: every amount within its share
+            for amount, rest in zip(op.amounts, encoded.shared):  # noqa: B905 - parallel
+                parts.append(number(amount))
+                parts.append(rest)
+        else:
+            for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
+                parts += (number(amount), number(allowed), _bulk(const))
+        command = b"".join(parts)
+        if op.lease_id is None:
+            self._last_admit = (op, command)
+        return _Call(encoded.script, encoded.keys, [], encoded.decode, command)
+
+    def _admit_script(self, shape: Shape) -> _Script:
+        script = self._admit_scripts.get(shape)
+        if script is None:
+            script = _Script.of(admit_script(shape))
+            if len(self._admit_scripts) >= 256:  # shapes are few; this only bounds the cache
+                self._admit_scripts.clear()
+            self._admit_scripts[shape] = script
+        return script
 
     def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
         lease = [plan.lease_scope] if plan.lease_scope is not None else []
         scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
         index = {s: i + 1 for i, s in enumerate(scopes)}
-        words = [_fmt(LEASE_POLL_SECONDS), str(len(scopes))]
-        for c in plan.checks:
-            extra = c.offset if c.kind is CheckKind.DAY else c.ttl
-            words += [
-                str(index[c.scope]),
-                c.dimension.value,
-                c.kind.value,
-                _fmt(c.capacity),
-                _fmt(c.rate),
-                "1" if c.scaled else "0",
-                _fmt(extra),
-            ]
+        shape = shape_of(plan, index, len(scopes))
+        script = self._admit_script(shape)
         names = [self._key("s", scope) for scope in scopes]
         if plan.lease_scope is not None:
             names.append(self._key("l", plan.lease_scope))
+        # Pre-encoded: redis-py passes bytes through without converting them again.
+        keys = [k.encode() for k in names]
+        head = _evalsha_head(script, 3 + len(keys) + argument_count(shape))
+        head += _bulk(b"%d" % len(keys)) + b"".join(_bulk(k) for k in keys)
+        consts = tuple(_fmt(_constant(c)).encode() for c in plan.checks)
+        shared = tuple(
+            _number(share) + _bulk(const) for share, const in zip(plan.shares, consts, strict=True)
+        )
 
-        def decode(reply: list[Any]) -> AdmitResult:
-            if len(reply) == 2:
-                granted = (True, float(reply[1]), 0.0, None, None, False, None, 0.0)
+        def decode(reply: Any) -> AdmitResult:
+            if reply.__class__ is int:  # granted: the server time in microseconds
+                granted = (True, reply / 1e6, 0.0, None, None, False, None, 0.0)
                 return _new_tuple(AdmitResult, granted)
             if len(reply) == 3:  # booked: it starts ``reply[2]`` seconds ahead
-                booked = (True, float(reply[1]), 0.0, None, None, False, None, float(reply[2]))
+                booked = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, float(reply[2]))
                 return _new_tuple(AdmitResult, booked)
             _, now, wait, scope_i, field, never, paused, reason = reply
             scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
             return AdmitResult(
                 granted=False,
-                now=float(now),
+                now=int(now) / 1e6,
                 wait=float(wait),
                 scope=scope,
                 dimension=Dimension(field) if field else None,
@@ -375,13 +528,12 @@ class RedisBackend:
                 paused_reason=str(reason) if int(paused) else None,
             )
 
-        # Pre-encoded: redis-py passes bytes through without converting them again.
-        keys = [k.encode() for k in names]
-        return (plan, scopes, index, keys, " ".join(words).encode(), decode)
+        return _EncodedPlan(plan, scopes, index, keys, script, head, consts, shared, decode)
 
-    def _encode_settle(self, op: SettleOp) -> tuple[str, list[Any], list[Any], Any]:
+    def _encode_settle(self, op: SettleOp) -> _Call:
         plan = op.plan
-        _, _, index, keys, _, _ = self._encoded(plan)
+        encoded = self._encoded(plan)
+        index = encoded.numbers
         has_lease = plan.lease_scope is not None and op.lease_id is not None
         args = [
             _fmt(op.aimd.recover_per_second),
@@ -397,9 +549,9 @@ class RedisBackend:
                 "1" if c.scaled else "0",
                 _fmt(delta),
             ]
-        return "settle", keys, args, float
+        return _Call(self._scripts["settle"], encoded.keys, args, float)
 
-    def _encode_observe(self, op: ObserveOp) -> tuple[str, list[str], list[str], Any]:
+    def _encode_observe(self, op: ObserveOp) -> _Call:
         a = op.aimd
         args = [
             "1" if op.lower else "0",
@@ -420,7 +572,16 @@ class RedisBackend:
                 "" if t.remaining is None else _fmt(t.remaining),
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
-        return "observe", [self._key("s", op.scope)], args, float
+        return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, float)
+
+
+def _constant(check: Check) -> float:
+    """A check's constant argument of the admission script: rate, day offset or lease TTL."""
+    if check.kind is CheckKind.DAY:
+        return check.offset
+    if check.kind is CheckKind.LEASE:
+        return check.ttl
+    return check.rate
 
 
 def _decode_learned(scopes: tuple[str, ...], reply: list[Any]) -> dict[str, dict[str, int]]:
