@@ -28,7 +28,7 @@
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = now_us / 1000000
-local recover, book = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- ARGV[1] (recover_per_sec) and ARGV[2] (book) are parsed where used: rarely.
 -- the longest wait; `hard`: the longest a booking cannot cover (pause, day, lease, block)
 local wait, hard, why, why_field, paused = 0, 0, 0, '', 0
 
@@ -44,7 +44,7 @@ if am$i > al$i then return {0, now_us, '0', $s, '$F', 1, 0, ''} end
 local k$s = KEYS[$s]
 local v$s = redis.call('HMGET', k$s, 'p', 'x', 'f'$fields)
 local f$s = 1
-if v$s[3] then f$s = factor_of(v$s[3], redis.call('HGET', k$s, 'fs'), now, recover) end
+if v$s[3] then f$s = factor_of(v$s[3], redis.call('HGET', k$s, 'fs'), now, tonumber(ARGV[1])) end
 if v$s[1] then
   local u = tonumber(v$s[1]) - now
   if u > wait then wait, hard, why, why_field, paused = u, u, $s, '', 1 end
@@ -106,7 +106,7 @@ do
 end
 
 --@decide
-if wait > 0 and (hard > 0 or wait > book) then
+if wait > 0 and (hard > 0 or wait > tonumber(ARGV[2])) then
   local reason = ''
   if paused == 1 then reason = redis.call('HGET', KEYS[why], 'pr') or '' end
   return {0, now_us, fmt(wait), why, why_field, 0, paused, reason}
@@ -120,7 +120,7 @@ if wait > 0 then at = now + wait; at_s = fmt(at) else at_s = now_text(t) end
 -- write scope $s
 do
   local ttl = 0
-  if f$s < 1 then ttl = (1 - f$s) / recover end
+  if f$s < 1 then ttl = (1 - f$s) / tonumber(ARGV[1]) end
 
 --@write_bucket
   local level$i = math.max(0, lv$i - (at - ba$i) * r$i) + am$i
