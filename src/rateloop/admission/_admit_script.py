@@ -28,7 +28,7 @@ from string import Template
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import AdmitPlan, CheckKind
 
-__all__ = ["Shape", "admit_script", "argument_count", "shape_of"]
+__all__ = ["SettleShape", "Shape", "admit_script", "argument_count", "settle_script", "shape_of"]
 
 #: (number of scopes, has a lease, per check (scope index from 1, field, kind, scaled)).
 Shape = tuple[int, bool, tuple[tuple[int, str, str, bool], ...]]
@@ -47,9 +47,9 @@ def argument_count(shape: Shape) -> int:
 
 
 @cache
-def _sections() -> dict[str, Template]:
+def _sections(name: str = "admit") -> dict[str, Template]:
     package = resources.files("rateloop.admission")
-    text = package.joinpath("admit.lua").read_text(encoding="utf-8")
+    text = package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     parts = re.split(r"^--@(\w+)\n", text, flags=re.MULTILINE)
     return {name: Template(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
@@ -128,6 +128,45 @@ def admit_script(shape: Shape) -> str:
     for i, (_, _, kind, _) in enumerate(checks):
         if kind == CheckKind.LEASE.value:
             out.append(sec["write_lease"].substitute(i=i, z=lease_key))
+    out.append(sec["reply"].substitute())
+    return "".join(out)
+
+
+#: (has a lease, per adjusted bucket (scope index from 1, field, scaled)).
+SettleShape = tuple[bool, tuple[tuple[int, str, bool], ...]]
+
+
+def settle_script(shape: SettleShape) -> str:
+    """The Lua text settling adjustments of ``shape`` (``_common.lua`` included).
+
+    Its arguments: ``recover_per_sec``, ``starts_at``, the lease id, then per
+    adjustment its rate and delta.  Each scope's hash is read and written once.
+    """
+    has_lease, adjustments = shape
+    sec = _sections("settle")
+    out = [_common(), f"-- settle.lua for {len(adjustments)} buckets\n", sec["head"].substitute()]
+    fields: dict[int, list[str]] = {}
+    for s, field, _ in adjustments:
+        if not _FIELD.match(field):
+            raise ValueError(f"a Redis admission field must be lowercase letters, got {field!r}")
+        fields.setdefault(s, []).extend((f"{field}:l", f"{field}:t"))
+    for s, names in fields.items():
+        listed = "".join(f", '{f}'" for f in names)
+        out.append(sec["read"].substitute(s=s, fields=listed))
+    seen: dict[int, int] = {}
+    pairs: dict[int, list[str]] = {}
+    for j, (s, field, scaled) in enumerate(adjustments):
+        at = 3 + 2 * seen.get(s, 0)  # after 'x', 'f'
+        seen[s] = seen.get(s, 0) + 1
+        scale = f" * f{s}" if scaled else ""
+        out.append(
+            sec["adjust"].substitute(j=j, s=s, a=4 + 2 * j, F=field, L=at, T=at + 1, scale=scale)
+        )
+        pairs.setdefault(s, []).append(f", '{field}:l', level{j}, '{field}:t', at{j}")
+    for s, written in pairs.items():
+        out.append(sec["write"].substitute(s=s, pairs="".join(written)))
+    if has_lease:
+        out.append(sec["lease"].substitute())
     out.append(sec["reply"].substitute())
     return "".join(out)
 

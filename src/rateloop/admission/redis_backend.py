@@ -38,7 +38,12 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from rateloop._redact import redact_url
-from rateloop.admission._admit_script import Shape, admit_script, argument_count, shape_of
+from rateloop.admission._admit_script import (
+    admit_script,
+    argument_count,
+    settle_script,
+    shape_of,
+)
 from rateloop.admission.backend import BackendUnreachable
 from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
@@ -68,7 +73,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["RedisBackend", "redact_url"]
 
-_SCRIPTS = ("settle", "pause", "observe", "learned")  # admit: one script per plan shape
+_SCRIPTS = ("pause", "observe", "learned")  # admit, settle: one script per shape
 
 _new_tuple = tuple.__new__
 _HOW_TO_START = (
@@ -126,6 +131,7 @@ class _EncodedPlan(NamedTuple):
     scopes: tuple[str, ...]
     numbers: dict[str, int]
     keys: list[bytes]
+    keys_part: bytes
     script: _Script
     head: bytes
     consts: tuple[bytes, ...]
@@ -207,7 +213,11 @@ class RedisBackend:
             **options,
         }
         self._scripts = {name: _Script.of(_script_text(name)) for name in _SCRIPTS}
-        self._admit_scripts: dict[Shape, _Script] = {}
+        # Scripts generated per plan shape (admit) and per settle shape, by shape.
+        self._shaped: dict[Any, _Script] = {}
+        self._settle_cache: dict[
+            tuple[int, bool], tuple[AdmitPlan, _Script, bytes, tuple[bytes, ...]]
+        ] = {}
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
         # The sync hot path's own connection, taken from the client's pool once and used
@@ -407,7 +417,7 @@ class RedisBackend:
         if isinstance(op, AdmitOp):
             return self._encode_admit(op, packed)
         if isinstance(op, SettleOp):
-            return self._encode_settle(op)
+            return self._encode_settle(op, packed)
         if isinstance(op, PauseOp):
             return _Call(
                 self._scripts["pause"],
@@ -482,13 +492,14 @@ class RedisBackend:
             self._last_admit = (op, command)
         return _Call(encoded.script, encoded.keys, [], encoded.decode, command)
 
-    def _admit_script(self, shape: Shape) -> _Script:
-        script = self._admit_scripts.get(shape)
+    def _script(self, key: Any, make: Callable[[Any], str], shape: Any) -> _Script:
+        """The generated script of a shape (``make(shape)``), built once per backend."""
+        script = self._shaped.get(key)
         if script is None:
-            script = _Script.of(admit_script(shape))
-            if len(self._admit_scripts) >= 256:  # shapes are few; this only bounds the cache
-                self._admit_scripts.clear()
-            self._admit_scripts[shape] = script
+            script = _Script.of(make(shape))
+            if len(self._shaped) >= 1024:  # shapes are few; this only bounds the cache
+                self._shaped.clear()
+            self._shaped[key] = script
         return script
 
     def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
@@ -496,14 +507,14 @@ class RedisBackend:
         scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
         index = {s: i + 1 for i, s in enumerate(scopes)}
         shape = shape_of(plan, index, len(scopes))
-        script = self._admit_script(shape)
+        script = self._script(("admit", shape), admit_script, shape)
         names = [self._key("s", scope) for scope in scopes]
         if plan.lease_scope is not None:
             names.append(self._key("l", plan.lease_scope))
         # Pre-encoded: redis-py passes bytes through without converting them again.
         keys = [k.encode() for k in names]
-        head = _evalsha_head(script, 3 + len(keys) + argument_count(shape))
-        head += _bulk(b"%d" % len(keys)) + b"".join(_bulk(k) for k in keys)
+        keys_part = _bulk(b"%d" % len(keys)) + b"".join(_bulk(k) for k in keys)
+        head = _evalsha_head(script, 3 + len(keys) + argument_count(shape)) + keys_part
         consts = tuple(_fmt(_constant(c)).encode() for c in plan.checks)
         shared = tuple(
             _number(share) + _bulk(const) for share, const in zip(plan.shares, consts, strict=True)
@@ -528,28 +539,59 @@ class RedisBackend:
                 paused_reason=str(reason) if int(paused) else None,
             )
 
-        return _EncodedPlan(plan, scopes, index, keys, script, head, consts, shared, decode)
+        return _EncodedPlan(
+            plan, scopes, index, keys, keys_part, script, head, consts, shared, decode
+        )
 
-    def _encode_settle(self, op: SettleOp) -> _Call:
+    def _encode_settle(self, op: SettleOp, packed: bool) -> _Call:
+        """The settle script of the plan (its token buckets, a lease or not), its arguments.
+
+        Every token bucket of the plan is sent, with a zero delta where the op
+        has none (settling zero writes the bucket's drained level: the same
+        state), so a plan has one settle script, loaded once.  Like an
+        admission, the command is packed here on the sync path, from a head
+        (SHA, KEYS) and the buckets' rates packed once per plan.
+        """
         plan = op.plan
         encoded = self._encoded(plan)
-        index = encoded.numbers
         has_lease = plan.lease_scope is not None and op.lease_id is not None
-        args = [
-            _fmt(op.aimd.recover_per_second),
-            "1" if has_lease else "0",
-            op.lease_id or "",
-            _fmt(op.starts_at),
-        ]
-        for c, delta in zip(op.checks, op.deltas, strict=True):
-            args += [
-                str(index[c.scope]),
-                c.dimension.value,
-                _fmt(c.rate),
-                "1" if c.scaled else "0",
-                _fmt(delta),
-            ]
-        return _Call(self._scripts["settle"], encoded.keys, args, float)
+        entry = self._settle_cache.get((id(plan), has_lease))
+        if entry is None or entry[0] is not plan:
+            entry = self._settle_entry(encoded, has_lease)
+        _, script, head, rates = entry
+        deltas = op.deltas
+        if len(deltas) != len(rates):  # some buckets unchanged: zeros in their places
+            given = dict(zip(map(id, op.checks), deltas, strict=True))
+            deltas = tuple(given.pop(id(c), 0.0) for c, _ in plan.refunds)
+            if given:
+                raise ValueError(f"a settle may only adjust its plan's token buckets: {op.checks}")
+        lease_id = op.lease_id or ""
+        if not packed:
+            args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.starts_at), lease_id]
+            for rate, delta in zip(rates, deltas, strict=True):
+                args += [rate, _fmt(delta)]
+            return _Call(script, encoded.keys, args, _from_micros)
+        parts = [head, _number(op.aimd.recover_per_second), _bulk(repr(op.starts_at).encode())]
+        parts.append(_bulk(lease_id.encode()))
+        for rate, delta in zip(rates, deltas, strict=True):
+            parts += (_bulk(rate), _number(delta))
+        return _Call(script, encoded.keys, [], _from_micros, b"".join(parts))
+
+    def _settle_entry(
+        self, encoded: _EncodedPlan, has_lease: bool
+    ) -> tuple[AdmitPlan, _Script, bytes, tuple[bytes, ...]]:
+        plan = encoded.plan
+        numbers = encoded.numbers
+        checks = [c for c, _ in plan.refunds]
+        shape = (has_lease, tuple((numbers[c.scope], c.dimension.value, c.scaled) for c in checks))
+        script = self._script(("settle", shape), settle_script, shape)
+        items = 3 + len(encoded.keys) + 3 + 2 * len(checks)
+        head = _evalsha_head(script, items) + encoded.keys_part
+        entry = (plan, script, head, tuple(_fmt(c.rate).encode() for c in checks))
+        if len(self._settle_cache) >= 4096:
+            self._settle_cache.clear()
+        self._settle_cache[(id(plan), has_lease)] = entry
+        return entry
 
     def _encode_observe(self, op: ObserveOp) -> _Call:
         a = op.aimd
@@ -573,6 +615,10 @@ class RedisBackend:
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
         return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, float)
+
+
+def _from_micros(reply: int) -> float:
+    return reply / 1e6
 
 
 def _constant(check: Check) -> float:
