@@ -1,14 +1,22 @@
 """The Redis backend: every operation is one Lua script, one round trip.
 
 How it works.  Each operation of :mod:`rateloop.admission.plan` is encoded
-into ``KEYS``/``ARGV`` and run by one script (``admit.lua``, ``settle.lua``,
-``pause.lua``, ``observe.lua``; each prefixed with ``_common.lua``), shipped
-as package data.  Scripts are registered once per client and called with
-``EVALSHA``; a server that does not know a script yet (``NOSCRIPT``: freshly
-started, restarted or flushed) gets it once with ``EVAL``, which caches it.  The scripts
-read the server's ``TIME``, so every worker agrees on the clock, and they run
-atomically, so all dimensions of all scopes are admitted together or not at
-all, however many processes share the server.
+into ``KEYS``/``ARGV`` and run by one script (``pause.lua``, ``observe.lua``,
+``learned.lua``; each prefixed with ``_common.lua``), shipped as package
+data.  Admitting and settling run a script generated per plan shape from the
+templates ``admit.lua`` and ``settle.lua`` (:mod:`._admit_script`).  Scripts
+are called with ``EVALSHA``; a server that does not know a script yet
+(``NOSCRIPT``: freshly started, restarted or flushed) gets it once with
+``EVAL``, which caches it.  The scripts read the server's ``TIME``, so every
+worker agrees on the clock, and they run atomically, so all dimensions of all
+scopes are admitted together or not at all, however many processes share
+the server.
+
+The sync hot path packs the command itself (a per-plan head, then only this
+call's amounts) and sends it on a connection the backend keeps, bypassing
+redis-py's per-command machinery (pool get/release, retry and observability
+hooks), which cost as much as the script.  Async and cluster clients go
+through redis-py as usual.
 
 Keys, per scope key ``S`` whose ``provider:model`` is ``R`` (``prefix``
 defaults to ``rateloop:``)::
