@@ -239,7 +239,7 @@ class RedisBackend:
         # reuses one AdmitOp while the cost repeats and no lease makes each call unique).
         self._last_admit: tuple[object, bytes] = (None, b"")
         # redis.asyncio connections belong to one event loop: one client per loop.
-        self._aclients: dict[asyncio.AbstractEventLoop, aredis.Redis | AsyncRedisCluster] = {}
+        self._aclients: dict[asyncio.AbstractEventLoop, _AsyncLane] = {}
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r}, prefix={self.prefix!r})"
@@ -259,23 +259,24 @@ class RedisBackend:
                     )
         return client
 
-    def _async_client(self) -> aredis.Redis | AsyncRedisCluster:
+    def _async_client(self) -> _AsyncLane:
+        """The running loop's client and its lane (built on first use)."""
         loop = asyncio.get_running_loop()
-        client = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
-        if client is None:
+        entry = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
+        if entry is None:
             # Event loops in other threads add and prune entries too: iterate and
             # mutate the dict only under the lock.
             with self._lock:
                 for dead in [lp for lp in self._aclients if lp.is_closed()]:
                     del self._aclients[dead]  # its loop is gone; aclose() was not called
-                client = self._aclients.get(loop)
-                if client is None:
-                    client = self._aclients[loop] = (
+                entry = self._aclients.get(loop)
+                if entry is None:
+                    entry = self._aclients[loop] = _AsyncLane(
                         AsyncRedisCluster.from_url(self._raw_url, **self._options)
                         if self.cluster
                         else aredis.Redis.from_url(self._raw_url, **self._options)
                     )
-        return client
+        return entry
 
     def close(self) -> None:
         """Close the sync client (async clients: ``aclose`` in their event loop)."""
@@ -291,11 +292,14 @@ class RedisBackend:
         """Close the async client of the running loop (and forget clients of closed loops)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            client = self._aclients.pop(loop, None)
+            entry = self._aclients.pop(loop, None)
             for dead in [lp for lp in self._aclients if lp.is_closed()]:
                 del self._aclients[dead]
-        if client is not None:
-            await client.aclose()
+        if entry is not None:
+            lane, entry.conn = entry.conn, None
+            if lane is not None and isinstance(entry.client, aredis.Redis):
+                await entry.client.connection_pool.release(lane)
+            await entry.client.aclose()
 
     def _error(self, exc: Exception) -> BackendError:
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
@@ -381,7 +385,7 @@ class RedisBackend:
             raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
-        call = self._encode(op, packed=False)
+        call = self._encode(op, packed=not self.cluster)
         try:
             try:
                 reply = await self._acall(call, timeout)
@@ -394,19 +398,31 @@ class RedisBackend:
         return call.decode(reply)
 
     async def _acall(self, call: _Call, timeout: float | None) -> Any:
-        client = self._async_client()
-        sha, text = call.script
-        keys, args = call.keys, call.args
+        entry = self._async_client()
+        client = entry.client
+        if not isinstance(client, aredis.Redis):  # a cluster routes by key
+            sha, text = call.script
+            keys, args = call.keys, call.args
 
-        async def run() -> Any:
+            async def run() -> Any:
+                try:
+                    return await client.evalsha(sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    return await client.eval(text, len(keys), *keys, *args)
+
+            if timeout is None:
+                return await run()
+            return await asyncio.wait_for(run(), max(timeout, 0.001))
+        packed = call.packed
+        if packed is None:
+            packed = _pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+        if not entry.busy:  # the lane, if no other task of this loop is using it
+            entry.busy = True
             try:
-                return await client.evalsha(sha, len(keys), *keys, *args)
-            except NoScriptError:
-                return await client.eval(text, len(keys), *keys, *args)
-
-        if timeout is None:
-            return await run()
-        return await asyncio.wait_for(run(), max(timeout, 0.001))
+                return await _bounded(_alane(entry, client, call.script, packed), timeout)
+            finally:
+                entry.busy = False
+        return await _bounded(_apooled(client, call.script, packed), timeout)
 
     # -- encoding operations --------------------------------------------------------------------
 
@@ -623,6 +639,54 @@ class RedisBackend:
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
         return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, float)
+
+
+class _AsyncLane:
+    """An event loop's client and the connection its admissions use while it is free.
+
+    One loop runs one task at a time: a flag, not a lock, tells whether a task is
+    waiting on the lane's answer (others then take a connection from the pool).
+    """
+
+    __slots__ = ("busy", "client", "conn")
+
+    def __init__(self, client: aredis.Redis | AsyncRedisCluster) -> None:
+        self.client = client
+        self.conn: Any = None  # a redis.asyncio Connection (untyped in redis-py)
+        self.busy = False
+
+
+async def _aexchange(conn: Any, script: _Script, packed: bytes) -> Any:
+    """:meth:`RedisBackend._exchange`, async: an error or a cancellation disconnects ``conn``."""
+    await conn.send_packed_command([packed])
+    try:
+        return await conn.read_response()
+    except NoScriptError:
+        await conn.send_packed_command([_as_eval(script, packed)])
+        return await conn.read_response()
+
+
+async def _alane(entry: _AsyncLane, client: aredis.Redis, script: _Script, packed: bytes) -> Any:
+    conn = entry.conn
+    if conn is None:  # connecting is part of the round trip the caller's deadline bounds
+        conn = entry.conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+    return await _aexchange(conn, script, packed)
+
+
+async def _apooled(client: aredis.Redis, script: _Script, packed: bytes) -> Any:
+    pool = client.connection_pool
+    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+    try:
+        return await _aexchange(conn, script, packed)
+    finally:
+        await pool.release(conn)
+
+
+async def _bounded(step: Any, timeout: float | None) -> Any:
+    """``step`` within the caller's ``timeout`` (cancelled after it: its connection closes)."""
+    if timeout is None:
+        return await step
+    return await asyncio.wait_for(step, max(timeout, 0.001))
 
 
 def _from_micros(reply: int) -> float:
