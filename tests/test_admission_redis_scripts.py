@@ -9,7 +9,10 @@ server whose script cache was flushed gets the script again.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +23,7 @@ from rateloop.admission._admit_script import admit_script, shape_of
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.redis_backend import RedisBackend
 from rateloop.admission.reservation import Denied, Reservation
+from rateloop.errors import BackendError
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 from rateloop.testing import FakeClock
@@ -150,3 +154,56 @@ def test_the_largest_shape_compiles(redis_url: str) -> None:
         assert client.script_exists(sha) == [True]
     finally:
         client.close()
+
+
+def _server_pid(client: redis.Redis) -> int:
+    return int(client.info("server")["process_id"])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_call_cut_off_mid_answer_leaves_no_reply_for_the_next(mode: str) -> None:
+    """The kept connection is dropped when a call is cut off before its answer.
+
+    Redis is frozen while an admission waits for its answer: the caller's
+    deadline (sync) or a cancellation (async) cuts it off.  Thawed, Redis
+    sends that answer; had the connection been kept, the next call -- a
+    pause, whose answer has another form -- would read it instead of its own.
+    """
+    from _redis_server import redis_server
+
+    limits = {"openai:gpt-5": every_dimension()}
+    route = Route(provider="openai", model="gpt-5")
+    with redis_server() as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        limiter = Limiter.from_url(url, limits=limits, socket_timeout=10.0)
+        admin = redis.Redis.from_url(url)
+        pid = _server_pid(admin)
+
+        async def cut_then_pause() -> None:
+            assert isinstance(await limiter.atry_reserve(route, Cost()), Reservation)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(limiter.atry_reserve(route, Cost()), 0.3)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await limiter.apause("openai:gpt-5", 0.5, "test")
+            await limiter.aclose()
+
+        try:
+            if mode == "async":
+                asyncio.run(cut_then_pause())
+            else:
+                assert isinstance(limiter.try_reserve(route, Cost()), Reservation)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    with pytest.raises(BackendError):
+                        limiter.reserve(route, Cost(), deadline=0.3)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                limiter.pause("openai:gpt-5", 0.5, "test")
+            denied = limiter.try_reserve(route, Cost())
+            assert isinstance(denied, Denied) and denied.scope == "openai:gpt-5"
+        finally:
+            admin.close()
+            limiter.close()
