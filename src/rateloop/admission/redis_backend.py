@@ -12,11 +12,13 @@ worker agrees on the clock, and they run atomically, so all dimensions of all
 scopes are admitted together or not at all, however many processes share
 the server.
 
-The sync hot path packs the command itself (a per-plan head, then only this
-call's amounts) and sends it on a connection the backend keeps, bypassing
-redis-py's per-command machinery (pool get/release, retry and observability
-hooks), which cost as much as the script.  Async and cluster clients go
-through redis-py as usual.
+The hot path packs the command itself (a per-plan head, then only this
+call's amounts) and sends it on a connection the backend keeps (one for the
+sync client, one per event loop), bypassing redis-py's per-command machinery
+(pool get/release, retry and observability hooks), which cost as much as the
+script.  A thread or task that finds it in use takes a pooled connection; a
+call cut off before its answer (deadline, cancellation) drops its connection.
+The cluster client goes through redis-py as usual (it routes by key).
 
 Keys, per scope key ``S`` whose ``provider:model`` is ``R`` (``prefix``
 defaults to ``rateloop:``)::
