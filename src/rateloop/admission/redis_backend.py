@@ -40,7 +40,6 @@ written scope.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -81,6 +80,19 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
     ) from exc
 
+from rateloop.admission._redis_wire import (
+    AsyncLane,
+    Script,
+    alane,
+    apooled,
+    bounded,
+    bulk,
+    evalsha_head,
+    exchange,
+    number,
+    pack,
+)
+
 __all__ = ["RedisBackend", "redact_url"]
 
 _SCRIPTS = ("pause", "observe", "learned")  # admit, settle: one script per shape
@@ -102,17 +114,6 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-class _Script(NamedTuple):
-    """A script's SHA-1 (as sent with EVALSHA) and its text (sent once, if the server lacks it)."""
-
-    sha: str
-    text: str
-
-    @classmethod
-    def of(cls, text: str) -> _Script:
-        return cls(hashlib.sha1(text.encode()).hexdigest(), text)
-
-
 class _Call(NamedTuple):
     """One operation encoded: its script, KEYS and ARGV, the decoder of the reply.
 
@@ -121,7 +122,7 @@ class _Call(NamedTuple):
     as is.
     """
 
-    script: _Script
+    script: Script
     keys: list[Any]
     args: list[Any]
     decode: Callable[[Any], Any]
@@ -142,55 +143,11 @@ class _EncodedPlan(NamedTuple):
     numbers: dict[str, int]
     keys: list[bytes]
     keys_part: bytes
-    script: _Script
+    script: Script
     head: bytes
     consts: tuple[bytes, ...]
     shared: tuple[bytes, ...]
     decode: Callable[[Any], AdmitResult]
-
-
-def _bulk(value: bytes) -> bytes:
-    """``value`` as a Redis protocol bulk string."""
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-_NUMBERS: dict[float, bytes] = {}
-
-
-def _number(value: float) -> bytes:
-    """A float argument as a packed bulk string (its ``repr``: exact), cached by value."""
-    packed = _NUMBERS.get(value)
-    if packed is None:
-        packed = _bulk(repr(float(value)).encode())
-        if len(_NUMBERS) < 4096:
-            _NUMBERS[value] = packed
-    return packed
-
-
-def _as_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    return str(value).encode()
-
-
-def _pack(command: bytes, script: bytes, keys: list[Any], args: list[Any]) -> bytes:
-    """``command script len(keys) *keys *args`` in the Redis protocol."""
-    parts = [b"*%d\r\n" % (3 + len(keys) + len(args)), _bulk(command), _bulk(script)]
-    parts.append(_bulk(b"%d" % len(keys)))
-    parts += [_bulk(_as_bytes(v)) for v in keys]
-    parts += [_bulk(_as_bytes(v)) for v in args]
-    return b"".join(parts)
-
-
-def _evalsha_head(script: _Script, items: int) -> bytes:
-    return b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%b\r\n" % (items, script.sha.encode())
-
-
-def _as_eval(script: _Script, packed: bytes) -> bytes:
-    """The ``EVAL`` twin of a packed ``EVALSHA`` command: the text instead of the SHA."""
-    star = packed.index(b"\r\n")
-    rest = packed[star + 2 + len(b"$7\r\nEVALSHA\r\n$40\r\n") + 40 + 2 :]
-    return packed[: star + 2] + _bulk(b"EVAL") + _bulk(script.text.encode()) + rest
 
 
 class RedisBackend:
@@ -222,11 +179,11 @@ class RedisBackend:
             "decode_responses": True,
             **options,
         }
-        self._scripts = {name: _Script.of(_script_text(name)) for name in _SCRIPTS}
+        self._scripts = {name: Script.of(_script_text(name)) for name in _SCRIPTS}
         # Scripts generated per plan shape (admit) and per settle shape, by shape.
-        self._shaped: dict[Any, _Script] = {}
+        self._shaped: dict[Any, Script] = {}
         self._settle_cache: dict[
-            tuple[int, bool], tuple[AdmitPlan, _Script, bytes, tuple[bytes, ...]]
+            tuple[int, bool], tuple[AdmitPlan, Script, bytes, tuple[bytes, ...]]
         ] = {}
         self._lock = threading.Lock()
         self._client: redis.Redis | RedisCluster | None = None
@@ -241,7 +198,7 @@ class RedisBackend:
         # reuses one AdmitOp while the cost repeats and no lease makes each call unique).
         self._last_admit: tuple[object, bytes] = (None, b"")
         # redis.asyncio connections belong to one event loop: one client per loop.
-        self._aclients: dict[asyncio.AbstractEventLoop, _AsyncLane] = {}
+        self._aclients: dict[asyncio.AbstractEventLoop, AsyncLane] = {}
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.url!r}, prefix={self.prefix!r})"
@@ -261,7 +218,7 @@ class RedisBackend:
                     )
         return client
 
-    def _async_client(self) -> _AsyncLane:
+    def _async_client(self) -> AsyncLane:
         """The running loop's client and its lane (built on first use)."""
         loop = asyncio.get_running_loop()
         entry = self._aclients.get(loop)  # a dict read is atomic: the hot path takes no lock
@@ -273,7 +230,7 @@ class RedisBackend:
                     del self._aclients[dead]  # its loop is gone; aclose() was not called
                 entry = self._aclients.get(loop)
                 if entry is None:
-                    entry = self._aclients[loop] = _AsyncLane(
+                    entry = self._aclients[loop] = AsyncLane(
                         AsyncRedisCluster.from_url(self._raw_url, **self._options)
                         if self.cluster
                         else aredis.Redis.from_url(self._raw_url, **self._options)
@@ -341,7 +298,7 @@ class RedisBackend:
                 return client.eval(text, len(call.keys), *call.keys, *call.args)
         packed = call.packed
         if packed is None:
-            packed = _pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+            packed = pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
         # The lane if no other thread is using it, else a connection from the pool.
         if self._lane_lock.acquire(False):
             try:
@@ -349,42 +306,15 @@ class RedisBackend:
                 if conn is None or self._lane_pid != os.getpid():  # none yet, or forked
                     conn = self._lane = client.connection_pool.get_connection()
                     self._lane_pid = os.getpid()
-                return self._exchange(conn, call.script, packed, timeout)
+                return exchange(conn, call.script, packed, timeout)
             finally:
                 self._lane_lock.release()
         pool = client.connection_pool
         conn = pool.get_connection()
         try:
-            return self._exchange(conn, call.script, packed, timeout)
+            return exchange(conn, call.script, packed, timeout)
         finally:
             pool.release(conn)
-
-    @staticmethod
-    def _exchange(conn: Any, script: _Script, packed: bytes, timeout: float | None) -> Any:
-        """Send one packed ``EVALSHA`` on ``conn``, read its answer (``EVAL`` on NOSCRIPT).
-
-        redis-py's connection disconnects itself on any error while sending or
-        reading, so the next use reconnects; ``timeout`` (the caller's
-        deadline) bounds the read instead of the client's socket timeout.
-        """
-        try:
-            conn.send_packed_command([packed])
-            try:
-                if timeout is None:
-                    return conn.read_response()
-                return conn.read_response(timeout=max(timeout, 0.001))
-            except NoScriptError:
-                # Not in this server's cache yet (a fresh or restarted server): EVAL
-                # sends the text and caches it, so the next EVALSHA finds it.
-                conn.send_packed_command([_as_eval(script, packed)])
-                if timeout is None:
-                    return conn.read_response()
-                return conn.read_response(timeout=max(timeout, 0.001))
-        except (TimeoutError, redis.TimeoutError) as exc:
-            conn.disconnect()  # its answer may still come: never reuse the connection
-            if timeout is None:
-                raise
-            raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         call = self._encode(op, packed=not self.cluster)
@@ -417,14 +347,14 @@ class RedisBackend:
             return await asyncio.wait_for(run(), max(timeout, 0.001))
         packed = call.packed
         if packed is None:
-            packed = _pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+            packed = pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
         if not entry.busy:  # the lane, if no other task of this loop is using it
             entry.busy = True
             try:
-                return await _bounded(_alane(entry, client, call.script, packed), timeout)
+                return await bounded(alane(entry, client, call.script, packed), timeout)
             finally:
                 entry.busy = False
-        return await _bounded(_apooled(client, call.script, packed), timeout)
+        return await bounded(apooled(client, call.script, packed), timeout)
 
     # -- encoding operations --------------------------------------------------------------------
 
@@ -502,27 +432,26 @@ class RedisBackend:
         last = self._last_admit
         if last[0] is op:
             return _Call(encoded.script, encoded.keys, [], encoded.decode, last[1])
-        parts = [encoded.head, _number(op.aimd.recover_per_second), _number(op.book)]
+        parts = [encoded.head, number(op.aimd.recover_per_second), number(op.book)]
         if op.plan.lease_scope is not None:
-            parts.append(_bulk((op.lease_id or "-").encode()))
-        number = _number
+            parts.append(bulk((op.lease_id or "-").encode()))
         if op.allowed is op.plan.shares:  # the common case: every amount within its share
             for amount, rest in zip(op.amounts, encoded.shared):  # noqa: B905 - parallel
                 parts.append(number(amount))
                 parts.append(rest)
         else:
             for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
-                parts += (number(amount), number(allowed), _bulk(const))
+                parts += (number(amount), number(allowed), bulk(const))
         command = b"".join(parts)
         if op.lease_id is None:
             self._last_admit = (op, command)
         return _Call(encoded.script, encoded.keys, [], encoded.decode, command)
 
-    def _script(self, key: Any, make: Callable[[Any], str], shape: Any) -> _Script:
+    def _script(self, key: Any, make: Callable[[Any], str], shape: Any) -> Script:
         """The generated script of a shape (``make(shape)``), built once per backend."""
         script = self._shaped.get(key)
         if script is None:
-            script = _Script.of(make(shape))
+            script = Script.of(make(shape))
             if len(self._shaped) >= 1024:  # shapes are few; this only bounds the cache
                 self._shaped.clear()
             self._shaped[key] = script
@@ -539,11 +468,11 @@ class RedisBackend:
             names.append(self._key("l", plan.lease_scope))
         # Pre-encoded: redis-py passes bytes through without converting them again.
         keys = [k.encode() for k in names]
-        keys_part = _bulk(b"%d" % len(keys)) + b"".join(_bulk(k) for k in keys)
-        head = _evalsha_head(script, 3 + len(keys) + argument_count(shape)) + keys_part
+        keys_part = bulk(b"%d" % len(keys)) + b"".join(bulk(k) for k in keys)
+        head = evalsha_head(script, 3 + len(keys) + argument_count(shape)) + keys_part
         consts = tuple(_fmt(_constant(c)).encode() for c in plan.checks)
         shared = tuple(
-            _number(share) + _bulk(const) for share, const in zip(plan.shares, consts, strict=True)
+            number(share) + bulk(const) for share, const in zip(plan.shares, consts, strict=True)
         )
 
         def decode(reply: Any) -> AdmitResult:
@@ -597,22 +526,22 @@ class RedisBackend:
             for rate, delta in zip(rates, deltas, strict=True):
                 args += [rate, _fmt(delta)]
             return _Call(script, encoded.keys, args, _from_micros)
-        parts = [head, _number(op.aimd.recover_per_second), _bulk(repr(op.starts_at).encode())]
-        parts.append(_bulk(lease_id.encode()))
+        parts = [head, number(op.aimd.recover_per_second), bulk(repr(op.starts_at).encode())]
+        parts.append(bulk(lease_id.encode()))
         for rate, delta in zip(rates, deltas, strict=True):
-            parts += (_bulk(rate), _number(delta))
+            parts += (bulk(rate), number(delta))
         return _Call(script, encoded.keys, [], _from_micros, b"".join(parts))
 
     def _settle_entry(
         self, encoded: _EncodedPlan, has_lease: bool
-    ) -> tuple[AdmitPlan, _Script, bytes, tuple[bytes, ...]]:
+    ) -> tuple[AdmitPlan, Script, bytes, tuple[bytes, ...]]:
         plan = encoded.plan
         numbers = encoded.numbers
         checks = [c for c, _ in plan.refunds]
         shape = (has_lease, tuple((numbers[c.scope], c.dimension.value, c.scaled) for c in checks))
         script = self._script(("settle", shape), settle_script, shape)
         items = 3 + len(encoded.keys) + 3 + 2 * len(checks)
-        head = _evalsha_head(script, items) + encoded.keys_part
+        head = evalsha_head(script, items) + encoded.keys_part
         entry = (plan, script, head, tuple(_fmt(c.rate).encode() for c in checks))
         if len(self._settle_cache) >= 4096:
             self._settle_cache.clear()
@@ -641,54 +570,6 @@ class RedisBackend:
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
         return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, float)
-
-
-class _AsyncLane:
-    """An event loop's client and the connection its admissions use while it is free.
-
-    One loop runs one task at a time: a flag, not a lock, tells whether a task is
-    waiting on the lane's answer (others then take a connection from the pool).
-    """
-
-    __slots__ = ("busy", "client", "conn")
-
-    def __init__(self, client: aredis.Redis | AsyncRedisCluster) -> None:
-        self.client = client
-        self.conn: Any = None  # a redis.asyncio Connection (untyped in redis-py)
-        self.busy = False
-
-
-async def _aexchange(conn: Any, script: _Script, packed: bytes) -> Any:
-    """:meth:`RedisBackend._exchange`, async: an error or a cancellation disconnects ``conn``."""
-    await conn.send_packed_command([packed])
-    try:
-        return await conn.read_response()
-    except NoScriptError:
-        await conn.send_packed_command([_as_eval(script, packed)])
-        return await conn.read_response()
-
-
-async def _alane(entry: _AsyncLane, client: aredis.Redis, script: _Script, packed: bytes) -> Any:
-    conn = entry.conn
-    if conn is None:  # connecting is part of the round trip the caller's deadline bounds
-        conn = entry.conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-    return await _aexchange(conn, script, packed)
-
-
-async def _apooled(client: aredis.Redis, script: _Script, packed: bytes) -> Any:
-    pool = client.connection_pool
-    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-    try:
-        return await _aexchange(conn, script, packed)
-    finally:
-        await pool.release(conn)
-
-
-async def _bounded(step: Any, timeout: float | None) -> Any:
-    """``step`` within the caller's ``timeout`` (cancelled after it: its connection closes)."""
-    if timeout is None:
-        return await step
-    return await asyncio.wait_for(step, max(timeout, 0.001))
 
 
 def _from_micros(reply: int) -> float:
