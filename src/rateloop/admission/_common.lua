@@ -7,9 +7,17 @@ local DAY = 86400
 -- A key's TTL is set this much longer than needed, so most writes need no PEXPIRE.
 local SLACK = 60
 
+-- The server's time in seconds: integer microseconds / 10^6 (admit.lua replies those
+-- microseconds, and the client divides them the same way: the same number).
 local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+  return (tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000000
+end
+
+-- TIME's reply {seconds, microseconds} as a decimal: tonumber() of it is exactly clock()
+-- (both are the double nearest the same decimal), and it costs no string.format.
+local function now_text(t)
+  return t[1] .. '.' .. string.sub('00000' .. t[2], -6)
 end
 
 local function num(x, default)

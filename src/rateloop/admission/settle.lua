@@ -1,36 +1,61 @@
 -- Settle a reservation: change bucket levels by the deltas, release the lease.
+--
+-- A template like admit.lua: rateloop/admission/_admit_script.py makes one script per
+-- settle shape (which buckets of which scopes, whether they follow the AIMD factor,
+-- whether there is a lease), reading and writing each scope's hash once.  `$j` is an
+-- adjustment's number, `$s` its scope's index, `$a` its first argument, `$F` its field,
+-- `$L`/`$T` where its fields are in the scope's HMGET reply.
+--
 -- KEYS: the state hash of each scope, then the lease set of the lease scope (if any).
--- ARGV: recover_per_sec, has_lease (0|1), lease_id, starts_at (the reservation's start,
---   server time), then per adjustment 5 values:
---   scope_index, field, rate, scaled (0|1), delta.
--- Returns the server time.
-local recover = tonumber(ARGV[1])
-local has_lease = ARGV[2] == '1'
-local lease_id = ARGV[3]
-local now = clock()
-local since = math.max(now, tonumber(ARGV[4]))
-local i = 5
-while i <= #ARGV do
-  local s, field = tonumber(ARGV[i]), ARGV[i + 1]
-  local h = KEYS[s]
-  local rate = tonumber(ARGV[i + 2])
-  local v = redis.call('HMGET', h, field .. ':l', field .. ':t', 'x', 'f', 'fs')
-  if ARGV[i + 3] == '1' then rate = rate * factor_of(v[4], v[5], now, recover) end
-  -- A bucket booked ahead (its ts after now) holds its level at its last start: a refund
-  -- lowers it by at most what would not have drained between the reservation's own
-  -- start (or now) and then.
-  local ts = num(v[2], now)
+-- ARGV: recover_per_sec, starts_at (the reservation's start, server time), lease_id,
+--   then per adjustment 2 values: rate, delta.
+-- Returns the server time in integer microseconds.
+
+--@head
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = now_us / 1000000
+local since = math.max(now, tonumber(ARGV[2]))
+
+--@read
+-- scope $s: expiry, AIMD factor and the buckets settled
+local k$s = KEYS[$s]
+local v$s = redis.call('HMGET', k$s, 'x', 'f'$fields)
+local f$s = 1
+if v$s[2] then f$s = factor_of(v$s[2], redis.call('HGET', k$s, 'fs'), now, tonumber(ARGV[1])) end
+local ttl$s = 0
+
+--@adjust
+-- bucket '$F' of scope $s.  Booked ahead (its ts after now), it holds its level at its
+-- last start: a refund lowers it by at most what would not have drained between the
+-- reservation's own start (or now) and then.
+local at$j, level$j
+do
+  local rate = tonumber(ARGV[$a])$scale
+  local ts = num(v$s[$T], now)
   local at = math.max(ts, now)
-  local delta = tonumber(ARGV[i + 4])
+  local delta = tonumber(ARGV[$a + 1])
   if ts > now and delta < 0 then delta = math.min(0, delta + math.max(0, ts - since) * rate) end
-  local level = math.max(0, drained(num(v[1], 0), ts, at, rate) + delta)
-  local list = {field .. ':l', fmt(level), field .. ':t', fmt(at)}
-  local ms = extend(list, v[3], now, at - now + level / rate)
-  redis.call('HSET', h, unpack(list))
-  if ms then redis.call('PEXPIRE', h, ms) end
-  i = i + 5
+  local level = math.max(0, drained(num(v$s[$L], 0), ts, at, rate) + delta)
+  ttl$s = math.max(ttl$s, at - now + level / rate)
+  level$j = fmt(level)
+  if at == now then at$j = now_text(t) else at$j = fmt(at) end
 end
-if has_lease then
-  redis.call('ZREM', KEYS[#KEYS], lease_id)
+
+--@write
+do
+  local need = now + math.max(0, ttl$s) + 1
+  if num(v$s[1], 0) >= need then
+    redis.call('HSET', k$s$pairs)
+  else
+    local untl = need + SLACK
+    redis.call('HSET', k$s$pairs, 'x', fmt(untl))
+    redis.call('PEXPIRE', k$s, math.ceil((untl - now) * 1000))
+  end
 end
-return fmt(now)
+
+--@lease
+redis.call('ZREM', KEYS[#KEYS], ARGV[3])
+
+--@reply
+return now_us

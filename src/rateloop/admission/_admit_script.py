@@ -1,0 +1,175 @@
+"""The admission script of one plan shape, generated from the sections of ``admit.lua``.
+
+How it works.  A generic script that parses a plan on every call spends
+most of its time in the Lua interpreter (splitting words, building tables,
+looping), not in Redis.  So each plan *shape* -- the number of scopes, each
+check's scope, field, kind and whether it follows the AIMD factor, and
+whether there is a lease -- gets its own script: the sections of
+``admit.lua`` (``--@name``) repeated per scope and per check, with field
+names and argument positions filled in (``$x``).  Limits are not part of the
+shape: amounts, allowances and rates come as arguments, so every tenant of a
+fleet with the same kinds of limits shares one script, and a Redis server
+holds a handful of them whatever the number of routes.
+
+:func:`shape_of` gives a plan's shape, :func:`admit_script` its Lua text
+(``_common.lua`` first).  The arguments are :func:`argument_count` values:
+``recover_per_sec``, ``book``, the lease id when there is a lease, then per
+check ``amount``, ``allowed`` and its constant (rate, day offset or lease
+TTL).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from string import Template
+
+from rateloop.admission.gcra import LEASE_POLL_SECONDS
+from rateloop.admission.plan import AdmitPlan, CheckKind
+
+__all__ = ["SettleShape", "Shape", "admit_script", "argument_count", "settle_script", "shape_of"]
+
+#: (number of scopes, has a lease, per check (scope index from 1, field, kind, scaled)).
+Shape = tuple[int, bool, tuple[tuple[int, str, str, bool], ...]]
+
+_FIELD = re.compile(r"^[a-z_]+$")  # inlined into Lua string literals: never quotes
+
+
+def shape_of(plan: AdmitPlan, index: dict[str, int], nscopes: int) -> Shape:
+    """The shape of ``plan`` whose scopes are numbered by ``index`` (KEYS order)."""
+    checks = tuple((index[c.scope], c.dimension.value, c.kind.value, c.scaled) for c in plan.checks)
+    return (nscopes, plan.lease_scope is not None, checks)
+
+
+def argument_count(shape: Shape) -> int:
+    return 2 + (1 if shape[1] else 0) + 3 * len(shape[2])
+
+
+@cache
+def _sections(name: str = "admit") -> dict[str, Template]:
+    package = resources.files("rateloop.admission")
+    text = package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    parts = re.split(r"^--@(\w+)\n", text, flags=re.MULTILINE)
+    return {name: Template(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@cache
+def _common() -> str:
+    package = resources.files("rateloop.admission")
+    return package.joinpath("_common.lua").read_text(encoding="utf-8")
+
+
+def admit_script(shape: Shape) -> str:
+    """The Lua text admitting a plan of ``shape`` (``_common.lua`` included)."""
+    nscopes, has_lease, checks = shape
+    sec = _sections()
+    out = [_common(), f"-- admit.lua for {len(checks)} checks in {nscopes} scopes\n"]
+    out.append(sec["head"].substitute())
+    first = 3
+    if has_lease:
+        out.append(sec["lease_id"].substitute())
+        first = 4
+    lease_key = nscopes + 1
+    # Where each check's fields sit in its scope's HMGET reply, and each scope's fields.
+    slots: dict[int, tuple[int, int, int]] = {}
+    fields: dict[int, list[str]] = {s: [] for s in range(1, nscopes + 1)}
+    for i, (s, field, kind, _) in enumerate(checks):
+        if not _FIELD.match(field):
+            raise ValueError(f"a Redis admission field must be lowercase letters, got {field!r}")
+        if kind == CheckKind.LEASE.value:
+            continue
+        if kind not in (CheckKind.BUCKET.value, CheckKind.DAY.value):
+            raise ValueError(f"no Redis admission for a check of kind {kind!r}")
+        at = 4 + len(fields[s])  # after 'p', 'x', 'f'
+        slots[i] = (at, at + 1, at + 2)
+        one, two = ("l", "t") if kind == CheckKind.BUCKET.value else ("c", "w")
+        fields[s] += [f"{field}:{one}", f"{field}:{two}", f"{field}:b"]
+    for i, (s, field, _, _) in enumerate(checks):
+        out.append(sec["args"].substitute(i=i, a=first + 3 * i, s=s, F=field))
+    for s in range(1, nscopes + 1):
+        if fields[s]:
+            listed = "".join(f", '{f}'" for f in fields[s])
+            out.append(sec["read"].substitute(s=s, fields=listed))
+        else:
+            out.append(sec["read_pause"].substitute(s=s))
+    for i, (s, field, kind, scaled) in enumerate(checks):
+        if kind == CheckKind.BUCKET.value:
+            lvl, ts, block = slots[i]
+            scale = f"r{i} = r{i} * f{s}" if scaled else "-- not scaled by the AIMD factor"
+            out.append(
+                sec["bucket"].substitute(i=i, s=s, F=field, L=lvl, T=ts, B=block, scale=scale)
+            )
+        elif kind == CheckKind.DAY.value:
+            count, window, block = slots[i]
+            out.append(sec["day"].substitute(i=i, s=s, F=field, C=count, W=window, B=block))
+        else:
+            out.append(
+                sec["lease"].substitute(
+                    i=i, s=s, F=field, z=lease_key, poll=_lua(LEASE_POLL_SECONDS)
+                )
+            )
+    out.append(sec["decide"].substitute())
+    for s in range(1, nscopes + 1):
+        if not fields[s]:
+            continue
+        out.append(sec["write_open"].substitute(s=s))
+        pairs = []
+        for i, (cs, field, kind, _) in enumerate(checks):
+            if cs != s:
+                continue
+            if kind == CheckKind.BUCKET.value:
+                out.append(sec["write_bucket"].substitute(i=i))
+                pairs.append(f", '{field}:l', level{i}, '{field}:t', at_s")
+            elif kind == CheckKind.DAY.value:
+                out.append(sec["write_day"].substitute(i=i))
+                pairs.append(f", '{field}:c', fmt(n{i} + am{i}), '{field}:w', fmt(ix{i})")
+        out.append(sec["write_close"].substitute(s=s, pairs="".join(pairs)))
+    for i, (_, _, kind, _) in enumerate(checks):
+        if kind == CheckKind.LEASE.value:
+            out.append(sec["write_lease"].substitute(i=i, z=lease_key))
+    out.append(sec["reply"].substitute())
+    return "".join(out)
+
+
+#: (has a lease, per adjusted bucket (scope index from 1, field, scaled)).
+SettleShape = tuple[bool, tuple[tuple[int, str, bool], ...]]
+
+
+def settle_script(shape: SettleShape) -> str:
+    """The Lua text settling adjustments of ``shape`` (``_common.lua`` included).
+
+    Its arguments: ``recover_per_sec``, ``starts_at``, the lease id, then per
+    adjustment its rate and delta.  Each scope's hash is read and written once.
+    """
+    has_lease, adjustments = shape
+    sec = _sections("settle")
+    out = [_common(), f"-- settle.lua for {len(adjustments)} buckets\n", sec["head"].substitute()]
+    fields: dict[int, list[str]] = {}
+    for s, field, _ in adjustments:
+        if not _FIELD.match(field):
+            raise ValueError(f"a Redis admission field must be lowercase letters, got {field!r}")
+        fields.setdefault(s, []).extend((f"{field}:l", f"{field}:t"))
+    for s, names in fields.items():
+        listed = "".join(f", '{f}'" for f in names)
+        out.append(sec["read"].substitute(s=s, fields=listed))
+    seen: dict[int, int] = {}
+    pairs: dict[int, list[str]] = {}
+    for j, (s, field, scaled) in enumerate(adjustments):
+        at = 3 + 2 * seen.get(s, 0)  # after 'x', 'f'
+        seen[s] = seen.get(s, 0) + 1
+        scale = f" * f{s}" if scaled else ""
+        out.append(
+            sec["adjust"].substitute(j=j, s=s, a=4 + 2 * j, F=field, L=at, T=at + 1, scale=scale)
+        )
+        pairs.setdefault(s, []).append(f", '{field}:l', level{j}, '{field}:t', at{j}")
+    for s, written in pairs.items():
+        out.append(sec["write"].substitute(s=s, pairs="".join(written)))
+    if has_lease:
+        out.append(sec["lease"].substitute())
+    out.append(sec["reply"].substitute())
+    return "".join(out)
+
+
+def _lua(value: float) -> str:
+    return repr(float(value))
