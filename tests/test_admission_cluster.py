@@ -103,6 +103,7 @@ def test_admission_settle_pause_and_learning_on_a_cluster(cluster_url: str) -> N
     limits = {
         "openai:gpt-5": LimitSpec(requests_per_minute=120, output_tokens_per_minute=60_000),
         "openai:gpt-5:p1": LimitSpec(concurrency=2),
+        "openai:gpt-5:p1:t1": LimitSpec(concurrency=3),  # a second lease set, same slot
         "anthropic:claude-sonnet-4:p2": LimitSpec(requests_per_minute=60, burst=1.0),
     }
     limiter = Limiter.from_url(cluster_url, prefix="rl-cluster:", limits=limits)
@@ -112,8 +113,17 @@ def test_admission_settle_pause_and_learning_on_a_cluster(cluster_url: str) -> N
         assert isinstance(a, Reservation) and isinstance(b, Reservation)
         held = limiter.try_reserve(ROUTES[0], Cost())
         assert isinstance(held, Denied) and held.dimension is not None  # 2 leases or pacing
+        client = RedisCluster.from_url(cluster_url.replace("+cluster", ""))
+        found = client.scan_iter(match="rl-cluster:*:l:*", target_nodes="all")
+        leases = [k.decode() for k in found]
+        assert sorted(leases) == [
+            "rl-cluster:{openai:gpt-5}:l:openai:gpt-5:p1",
+            "rl-cluster:{openai:gpt-5}:l:openai:gpt-5:p1:t1",
+        ]
+        assert all(client.zcard(k) == 2 for k in leases)
         a.settle(0, 100)
         b.release()
+        assert all(client.zcard(k) == 0 for k in leases)  # freed in both sets
         granted = 0
         while isinstance(limiter.try_reserve(ROUTES[1], Cost()), Reservation):
             granted += 1
@@ -133,7 +143,6 @@ def test_admission_settle_pause_and_learning_on_a_cluster(cluster_url: str) -> N
 
         assert isinstance(asyncio.run(main()), Denied)  # the shared bucket, from asyncio too
         # The keys of one route share a slot; different routes spread over the nodes.
-        client = RedisCluster.from_url(cluster_url.replace("+cluster", ""))
         keys = [k.decode() for k in client.scan_iter(match="rl-cluster:*", target_nodes="all")]
         slots = {client.keyslot(k) for k in keys if "{openai:gpt-5}" in k}
         assert len(slots) == 1 and len(keys) >= 4

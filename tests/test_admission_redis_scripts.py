@@ -45,11 +45,11 @@ def every_dimension(**fields: object) -> LimitSpec:
     return LimitSpec(**spec)  # type: ignore[arg-type]
 
 
-#: Three scopes, every dimension in each: 16 checks, both kinds of day window, a lease.
-#: (One concurrency limit: the backends keep one lease set per plan.)
+#: Three scopes, every dimension in each: 17 checks, both kinds of day window, leases
+#: in two scopes (each counts its own; a settle frees the lease in both).
 WIDEST = {
     "openai:gpt-5": every_dimension(),
-    "openai:gpt-5:proj-1": every_dimension(day_window="rolling"),
+    "openai:gpt-5:proj-1": every_dimension(day_window="rolling", concurrency=3),
     "openai:gpt-5:proj-1:t-1": every_dimension(requests_per_day=3, concurrency=2),
 }
 
@@ -150,7 +150,7 @@ def test_the_largest_shape_compiles(redis_url: str) -> None:
         checks.append((scope, "concurrency", "l", False))
     client = redis.Redis.from_url(redis_url)
     try:
-        sha = client.script_load(admit_script((3, True, tuple(checks))))
+        sha = client.script_load(admit_script((3, (1, 2, 3), tuple(checks))))
         assert client.script_exists(sha) == [True]
     finally:
         client.close()

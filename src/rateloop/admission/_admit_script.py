@@ -4,7 +4,7 @@ How it works.  A generic script that parses a plan on every call spends
 most of its time in the Lua interpreter (splitting words, building tables,
 looping), not in Redis.  So each plan *shape* -- the number of scopes, each
 check's scope, field, kind and whether it follows the AIMD factor, and
-whether there is a lease -- gets its own script: the sections of
+which scopes hold a lease -- gets its own script: the sections of
 ``admit.lua`` (``--@name``) repeated per scope and per check, with field
 names and argument positions filled in (``$x``).  Limits are not part of the
 shape: amounts, allowances and rates come as arguments, so every tenant of a
@@ -15,7 +15,9 @@ holds a handful of them whatever the number of routes.
 (``_common.lua`` first).  The arguments are :func:`argument_count` values:
 ``recover_per_sec``, ``book``, the lease id when there is a lease, then per
 check ``amount``, ``allowed`` and its constant (rate, day offset or lease
-TTL).
+TTL).  KEYS are each scope's state hash, then the lease set of each scope
+with a concurrency limit (:func:`lease_scopes`): a lease check counts its
+own scope's set, and a settle removes the lease from every set.
 """
 
 from __future__ import annotations
@@ -28,10 +30,19 @@ from string import Template
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import AdmitPlan, CheckKind
 
-__all__ = ["SettleShape", "Shape", "admit_script", "argument_count", "settle_script", "shape_of"]
+__all__ = [
+    "SettleShape",
+    "Shape",
+    "admit_script",
+    "argument_count",
+    "lease_scopes",
+    "settle_script",
+    "shape_of",
+]
 
-#: (number of scopes, has a lease, per check (scope index from 1, field, kind, scaled)).
-Shape = tuple[int, bool, tuple[tuple[int, str, str, bool], ...]]
+#: (number of scopes, the scope index (from 1) of each lease set in KEYS order,
+#: per check (scope index from 1, field, kind, scaled)).
+Shape = tuple[int, tuple[int, ...], tuple[tuple[int, str, str, bool], ...]]
 
 _FIELD = re.compile(r"^[a-z_]+$")  # inlined into Lua string literals: never quotes
 
@@ -39,7 +50,12 @@ _FIELD = re.compile(r"^[a-z_]+$")  # inlined into Lua string literals: never quo
 def shape_of(plan: AdmitPlan, index: dict[str, int], nscopes: int) -> Shape:
     """The shape of ``plan`` whose scopes are numbered by ``index`` (KEYS order)."""
     checks = tuple((index[c.scope], c.dimension.value, c.kind.value, c.scaled) for c in plan.checks)
-    return (nscopes, plan.lease_scope is not None, checks)
+    return (nscopes, lease_scopes(checks), checks)
+
+
+def lease_scopes(checks: tuple[tuple[int, str, str, bool], ...]) -> tuple[int, ...]:
+    """The scope index of each lease set, in KEYS order (after the ``nscopes`` hashes)."""
+    return tuple(dict.fromkeys(s for s, _, kind, _ in checks if kind == CheckKind.LEASE.value))
 
 
 def argument_count(shape: Shape) -> int:
@@ -62,15 +78,18 @@ def _common() -> str:
 
 def admit_script(shape: Shape) -> str:
     """The Lua text admitting a plan of ``shape`` (``_common.lua`` included)."""
-    nscopes, has_lease, checks = shape
+    nscopes, leased, checks = shape
+    if leased != lease_scopes(checks):
+        raise ValueError(f"the lease sets {leased!r} are not those of the checks {checks!r}")
     sec = _sections()
     out = [_common(), f"-- admit.lua for {len(checks)} checks in {nscopes} scopes\n"]
     out.append(sec["head"].substitute())
     first = 3
-    if has_lease:
+    if leased:
         out.append(sec["lease_id"].substitute())
         first = 4
-    lease_key = nscopes + 1
+    # Each scope's lease set follows the state hashes in KEYS: a check counts its own.
+    lease_key = {s: nscopes + 1 + n for n, s in enumerate(leased)}
     # Where each check's fields sit in its scope's HMGET reply, and each scope's fields.
     slots: dict[int, tuple[int, int, int]] = {}
     fields: dict[int, list[str]] = {s: [] for s in range(1, nscopes + 1)}
@@ -106,7 +125,7 @@ def admit_script(shape: Shape) -> str:
         else:
             out.append(
                 sec["lease"].substitute(
-                    i=i, s=s, F=field, z=lease_key, poll=_lua(LEASE_POLL_SECONDS)
+                    i=i, s=s, F=field, z=lease_key[s], poll=_lua(LEASE_POLL_SECONDS)
                 )
             )
     out.append(sec["decide"].substitute())
@@ -125,24 +144,26 @@ def admit_script(shape: Shape) -> str:
                 out.append(sec["write_day"].substitute(i=i))
                 pairs.append(f", '{field}:c', fmt(n{i} + am{i}), '{field}:w', fmt(ix{i})")
         out.append(sec["write_close"].substitute(s=s, pairs="".join(pairs)))
-    for i, (_, _, kind, _) in enumerate(checks):
+    for i, (s, _, kind, _) in enumerate(checks):
         if kind == CheckKind.LEASE.value:
-            out.append(sec["write_lease"].substitute(i=i, z=lease_key))
+            out.append(sec["write_lease"].substitute(i=i, s=s, z=lease_key[s]))
     out.append(sec["reply"].substitute())
     return "".join(out)
 
 
-#: (has a lease, per adjusted bucket (scope index from 1, field, scaled)).
-SettleShape = tuple[bool, tuple[tuple[int, str, bool], ...]]
+#: (the KEYS index of each lease set to release the lease from -- none when the
+#: reservation holds no lease --, per adjusted bucket (scope index from 1, field, scaled)).
+SettleShape = tuple[tuple[int, ...], tuple[tuple[int, str, bool], ...]]
 
 
 def settle_script(shape: SettleShape) -> str:
     """The Lua text settling adjustments of ``shape`` (``_common.lua`` included).
 
     Its arguments: ``recover_per_sec``, ``starts_at``, the lease id, then per
-    adjustment its rate and delta.  Each scope's hash is read and written once.
+    adjustment its rate and delta.  Each scope's hash is read and written once;
+    the lease is removed from every lease set.
     """
-    has_lease, adjustments = shape
+    lease_keys, adjustments = shape
     sec = _sections("settle")
     out = [_common(), f"-- settle.lua for {len(adjustments)} buckets\n", sec["head"].substitute()]
     fields: dict[int, list[str]] = {}
@@ -165,8 +186,8 @@ def settle_script(shape: SettleShape) -> str:
         pairs.setdefault(s, []).append(f", '{field}:l', level{j}, '{field}:t', at{j}")
     for s, written in pairs.items():
         out.append(sec["write"].substitute(s=s, pairs="".join(written)))
-    if has_lease:
-        out.append(sec["lease"].substitute())
+    for z in lease_keys:
+        out.append(sec["lease"].substitute(z=z))
     out.append(sec["reply"].substitute())
     return "".join(out)
 

@@ -10,7 +10,8 @@
 -- `$F` its field, `$L`/`$T`/`$B` (`$C`/`$W`) where its fields are in the scope's HMGET
 -- reply `v$s`.
 --
--- KEYS: the state hash of each scope, then the lease set of the lease scope (if any).
+-- KEYS: the state hash of each scope, then the lease set of each scope with a concurrency
+--   limit (`$z`: a lease check's own): each counts only the leases held in its scope.
 -- ARGV: recover_per_sec, book (the longest start ahead a booking may take, 0 for none),
 --   [lease_id ('-' for none), when the plan has a lease], then per check 3 values:
 --   amount, allowed, and its rate (bucket), reset offset (day) or lease TTL (lease).
@@ -92,7 +93,7 @@ do
 end
 
 --@lease
--- check $i: concurrency leases of scope $s (r$i: the lease TTL)
+-- check $i: concurrency leases of scope $s, in its own set KEYS[$z] (r$i: the lease TTL)
 do
   local z = KEYS[$z]
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now_text(t))
@@ -142,6 +143,7 @@ do
 end
 
 --@write_lease
+-- the lease, held in scope $s's set until settled (or its TTL, r$i, passes)
 if lease_id ~= '-' then
   local z = KEYS[$z]
   redis.call('ZADD', z, fmt(now + r$i), lease_id)

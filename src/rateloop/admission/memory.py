@@ -325,8 +325,7 @@ class MemoryBackend:
                 bucket.ts = now
         lease_id = op.lease_id
         if lease_id is not None:
-            lease_scope = op.plan.lease_scope
-            if lease_scope is not None:
+            for lease_scope in op.plan.lease_scopes:  # held in every scope with a limit
                 self._scope(lease_scope).leases.pop(lease_id, None)
         return now
 

@@ -252,7 +252,9 @@ class AdmitPlan:
     token buckets a settle adjusts, with the index of their delta in
     ``(input, output, total)``.  ``last`` remembers the previous call's cost
     and its prepared values (read and replaced whole, so safe across threads);
-    ``local`` the plan scaled to the local fallback's share.
+    ``local`` the plan scaled to the local fallback's share.  ``lease_scopes``
+    are the scopes with a concurrency limit, each counting its own leases
+    (``lease_scope``, the first of them, tells whether the plan has a lease).
     """
 
     __slots__ = (
@@ -264,6 +266,7 @@ class AdmitPlan:
         "last",
         "learnable",
         "lease_scope",
+        "lease_scopes",
         "local",
         "pick",
         "priority",
@@ -285,7 +288,13 @@ class AdmitPlan:
         self.priority = priority
         self.capacities = tuple(c.capacity for c in checks)
         self.shares = tuple(c.share for c in checks)
-        self.lease_scope = next((c.scope for c in checks if c.kind is CheckKind.LEASE), None)
+        # Every scope with a concurrency limit holds the call's lease: each counts its own
+        # (a tenant's limit its tenant's calls, a provider's every tenant's) and a settle
+        # frees it in all of them.  ``lease_scope``: the first, or None without a lease.
+        self.lease_scopes = tuple(
+            dict.fromkeys(c.scope for c in checks if c.kind is CheckKind.LEASE)
+        )
+        self.lease_scope = self.lease_scopes[0] if self.lease_scopes else None
         self.profile = profile
         self.learnable = False  # no scope has configured limits: learned ones may apply
         self.ceilings = tuple(c.ceiling for c in checks)
@@ -390,7 +399,8 @@ class SettleOp(NamedTuple):
     """Change bucket levels by ``deltas`` (negative: a refund); release the lease.
 
     ``checks`` (token buckets of ``plan``) and ``deltas`` run parallel; the
-    lease, if ``lease_id`` is set, is in ``plan.lease_scope``.  A NamedTuple
+    lease, if ``lease_id`` is set, is held in every one of ``plan.lease_scopes``
+    and released from all of them.  A NamedTuple
     for the same reason as :class:`AdmitOp`.
     """
 

@@ -25,7 +25,8 @@ defaults to ``rateloop:``)::
 
     {prefix}{R}:s:{S}   hash: bucket levels/timestamps, day counts, blocks, AIMD
                         factor, the pause (resume time, reason), its expiry time
-    {prefix}{R}:l:{S}   sorted set: concurrency leases scored by expiry
+    {prefix}{R}:l:{S}   sorted set: the concurrency leases held in scope S, scored by
+                        expiry (a call holds its lease in every scope with a limit)
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
 
 ``{R}`` is a Redis Cluster hash tag: all scopes of a route share their
@@ -424,7 +425,7 @@ class RedisBackend:
         encoded = self._encoded(op.plan)
         if not packed:
             args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.book)]
-            if op.plan.lease_scope is not None:
+            if op.plan.lease_scopes:
                 args.append(op.lease_id or "-")
             for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
                 args += [_fmt(amount), _fmt(allowed), const]
@@ -433,7 +434,7 @@ class RedisBackend:
         if last[0] is op:
             return _Call(encoded.script, encoded.keys, [], encoded.decode, last[1])
         parts = [encoded.head, number(op.aimd.recover_per_second), number(op.book)]
-        if op.plan.lease_scope is not None:
+        if op.plan.lease_scopes:
             parts.append(bulk((op.lease_id or "-").encode()))
         if op.allowed is op.plan.shares:  # the common case: every amount within its share
             for amount, rest in zip(op.amounts, encoded.shared):  # noqa: B905 - parallel
@@ -458,14 +459,13 @@ class RedisBackend:
         return script
 
     def _encode_plan(self, plan: AdmitPlan) -> _EncodedPlan:
-        lease = [plan.lease_scope] if plan.lease_scope is not None else []
-        scopes = _scopes_of(plan.scopes, [*(c.scope for c in plan.checks), *lease])
+        scopes = _scopes_of(plan.scopes, (c.scope for c in plan.checks))
         index = {s: i + 1 for i, s in enumerate(scopes)}
         shape = shape_of(plan, index, len(scopes))
         script = self._script(("admit", shape), admit_script, shape)
         names = [self._key("s", scope) for scope in scopes]
-        if plan.lease_scope is not None:
-            names.append(self._key("l", plan.lease_scope))
+        # Then the lease set of each scope with a concurrency limit, in the shape's order.
+        names += [self._key("l", scopes[s - 1]) for s in shape[1]]
         # Pre-encoded: redis-py passes bytes through without converting them again.
         keys = [k.encode() for k in names]
         keys_part = bulk(b"%d" % len(keys)) + b"".join(bulk(k) for k in keys)
@@ -509,7 +509,7 @@ class RedisBackend:
         """
         plan = op.plan
         encoded = self._encoded(plan)
-        has_lease = plan.lease_scope is not None and op.lease_id is not None
+        has_lease = bool(plan.lease_scopes) and op.lease_id is not None
         entry = self._settle_cache.get((id(plan), has_lease))
         if entry is None or entry[0] is not plan:
             entry = self._settle_entry(encoded, has_lease)
@@ -538,7 +538,11 @@ class RedisBackend:
         plan = encoded.plan
         numbers = encoded.numbers
         checks = [c for c, _ in plan.refunds]
-        shape = (has_lease, tuple((numbers[c.scope], c.dimension.value, c.scaled) for c in checks))
+        # The lease sets follow the state hashes in KEYS; the lease leaves every one.
+        nhashes = len(encoded.scopes)
+        leases = tuple(range(nhashes + 1, len(encoded.keys) + 1)) if has_lease else ()
+        adjust = tuple((numbers[c.scope], c.dimension.value, c.scaled) for c in checks)
+        shape = (leases, adjust)
         script = self._script(("settle", shape), settle_script, shape)
         items = 3 + len(encoded.keys) + 3 + 2 * len(checks)
         head = evalsha_head(script, items) + encoded.keys_part

@@ -151,7 +151,7 @@ class Reservation:
         self.plan = plan
         self.granted_at = granted_at
         self.local = local
-        self.lease_id = lease_id if plan.lease_scope is not None else None
+        self.lease_id = lease_id if plan.lease_scopes else None
         self.settled_at: float | None = None
         self.starts_in = starts_in
         self._done = False
@@ -167,8 +167,13 @@ class Reservation:
 
     @property
     def lease_scope(self) -> str | None:
-        """The scope holding the concurrency lease, if any."""
+        """The first of :attr:`lease_scopes`, or None when the call holds no lease."""
         return self.plan.lease_scope
+
+    @property
+    def lease_scopes(self) -> tuple[str, ...]:
+        """Every scope with a concurrency limit: the lease is held (and released) in each."""
+        return self.plan.lease_scopes
 
     @property
     def done(self) -> bool:

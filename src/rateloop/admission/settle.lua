@@ -2,11 +2,13 @@
 --
 -- A template like admit.lua: rateloop/admission/_admit_script.py makes one script per
 -- settle shape (which buckets of which scopes, whether they follow the AIMD factor,
--- whether there is a lease), reading and writing each scope's hash once.  `$j` is an
--- adjustment's number, `$s` its scope's index, `$a` its first argument, `$F` its field,
--- `$L`/`$T` where its fields are in the scope's HMGET reply.
+-- which lease sets hold its lease), reading and writing each scope's hash once.  `$j` is
+-- an adjustment's number, `$s` its scope's index, `$a` its first argument, `$F` its
+-- field, `$L`/`$T` where its fields are in the scope's HMGET reply, `$z` a lease set's
+-- index in KEYS.
 --
--- KEYS: the state hash of each scope, then the lease set of the lease scope (if any).
+-- KEYS: the state hash of each scope, then the lease set of each scope with a concurrency
+--   limit: the lease is removed from every one (`$z`), as it was added to every one.
 -- ARGV: recover_per_sec, starts_at (the reservation's start, server time), lease_id,
 --   then per adjustment 2 values: rate, delta.
 -- Returns the server time in integer microseconds.
@@ -55,7 +57,7 @@ do
 end
 
 --@lease
-redis.call('ZREM', KEYS[#KEYS], ARGV[3])
+redis.call('ZREM', KEYS[$z], ARGV[3])
 
 --@reply
 return now_us
