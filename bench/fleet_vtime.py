@@ -35,17 +35,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet_bench import WORKLOADS, make_calls  # noqa: E402
+from fleet_bench import WORKLOADS, make_calls
 
-from rateloop import AsyncRateLoop, Cost, Route  # noqa: E402
-from rateloop.admission import Limiter, LimitSpec  # noqa: E402
-from rateloop.admission.memory import MemoryBackend  # noqa: E402
-from rateloop.policy import Policy  # noqa: E402
-from rateloop.sim.harness import ideal_seconds  # noqa: E402
-from rateloop.sim.vtime import VirtualClock, run_virtual  # noqa: E402
-from rateloop.sim.workload import CallSpec  # noqa: E402
-from rateloop.testing import FakeProvider, FakeRequest  # noqa: E402
-from rateloop.testing._fake.buckets import FakeLimits  # noqa: E402
+from rateloop import AsyncRateLoop, Cost, Route
+from rateloop.admission import Limiter, LimitSpec
+from rateloop.admission.memory import MemoryBackend
+from rateloop.policy import Policy
+from rateloop.sim.harness import ideal_seconds
+from rateloop.sim.vtime import VirtualClock, run_virtual
+from rateloop.sim.workload import CallSpec
+from rateloop.testing import FakeProvider, FakeRequest
+from rateloop.testing._fake.buckets import FakeLimits
 
 LIMITS = FakeLimits(rpm=1200, tpm=1_200_000, burst_seconds=2)
 #: The booked start (limiter time) of the calling task's last grant.
@@ -98,8 +98,8 @@ def run(strategy: str, processes: int, workload: str, seed: int, args: Any) -> d
         loops, gates, clocks = [], [], []
         for g in range(processes):
             clock = JitteryClock(random.Random(rng.random()), args.stall, args.stall_p)
-            limiter = RecordingLimiter(shared if processes > 1 else None, limits=limits, clock=clock,
-                              rng=random.Random(rng.random()))
+            limiter = RecordingLimiter(shared if processes > 1 else None, limits=limits,
+                                       clock=clock, rng=random.Random(rng.random()))
             if processes > 1:  # read learned values through the shared store, as on Redis
                 limiter._learned_shared = True
                 limiter._learned._shared = True

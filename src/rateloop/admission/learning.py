@@ -153,11 +153,11 @@ def capacity_estimate(
     if o.remaining is None or o.reset_after is None or o.remaining < 1:
         return None
     rate = o.limit / 60.0
-    held = (o.remaining + max(0.0, o.reset_after - slack) * rate) / o.limit
-    held -= MARGIN_UNITS / min(o.limit, finest if finest is not None and finest >= 1 else o.limit)
+    unit = o.limit / min(o.limit, finest) if finest is not None and finest >= 1 else 1.0
+    held = o.remaining + max(0.0, o.reset_after - slack) * rate - MARGIN_UNITS * unit
     if held <= 0:
         return None
-    return min(held, 1.0)
+    return min(held / o.limit, 1.0)
 
 
 def tightened(o: Observed) -> tuple[Dimension, ...]:
