@@ -340,7 +340,7 @@ class _BaseRateLoop:
                             retry_at=clock.now() + timedelta(seconds=retry_after),
                         )
                     yield wait_for(
-                        retry_after,
+                        retry_after + ARRIVAL_SLACK_SECS,
                         DecisionKind.ADMISSION_WAIT,
                         route,
                         f"waiting for capacity on {granted.scope}",

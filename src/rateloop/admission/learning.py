@@ -126,7 +126,9 @@ def learned_field(o: Observed) -> str | None:
     return None
 
 
-def capacity_estimate(o: Observed, *, slack: float = 0.0) -> float | None:
+def capacity_estimate(
+    o: Observed, *, slack: float = 0.0, finest: float | None = None
+) -> float | None:
     """What the provider's bucket of ``o`` holds, as a fraction of its minute's allowance.
 
     A bucket refilled at ``limit / 60`` a second that has ``remaining`` units
@@ -137,17 +139,22 @@ def capacity_estimate(o: Observed, *, slack: float = 0.0) -> float | None:
     short keeps it one unit ahead.  ``slack`` is the resolution of the reset
     (Anthropic's RFC 3339 times are whole seconds: the reset may be up to a
     second later than the refill), taken off so the estimate is never above
-    the capacity.  ``None`` when it cannot tell: a window other than a
-    minute, a missing value, ``remaining < 1`` (a bucket in debt reports 0
-    and a reset longer than its capacity), or a bucket of no more than the
-    margin.
+    the capacity.  ``finest`` is the smallest per-minute limit the burst will
+    apply to (default: ``o.limit``): one burst serves every dimension, so the
+    unit it is short by is a unit of the finest one -- a token reading (limit
+    1.2M) taken one *token* short would leave the requests bucket (limit
+    1,200) a rounding error from the provider's.  ``None`` when it cannot
+    tell: a window other than a minute, a missing value, ``remaining < 1`` (a
+    bucket in debt reports 0 and a reset longer than its capacity), or a
+    bucket of no more than the margin.
     """
     if o.window != 60.0 or o.limit is None or o.limit < 1:
         return None
     if o.remaining is None or o.reset_after is None or o.remaining < 1:
         return None
     rate = o.limit / 60.0
-    held = o.remaining + max(0.0, o.reset_after - slack) * rate - MARGIN_UNITS
+    unit = o.limit / min(o.limit, finest) if finest is not None and finest >= 1 else 1.0
+    held = o.remaining + max(0.0, o.reset_after - slack) * rate - MARGIN_UNITS * unit
     if held <= 0:
         return None
     return min(held / o.limit, 1.0)
@@ -200,8 +207,14 @@ class Learned:
         more than 2 %, so a steady provider is written once.
         """
         slack = 1.0 if signal.provider == "anthropic" else 0.0
+        # The finest per-minute limit named, whether or not its bucket can be read now
+        # (a requests bucket at ``remaining: 0`` still needs its unit of margin).
+        limits = [o.limit for o in signal.observed if o.window == 60.0 and o.limit]
+        finest = min(limits) if limits else None
         estimates = [
-            e for o in signal.observed if (e := capacity_estimate(o, slack=slack)) is not None
+            e
+            for o in signal.observed
+            if (e := capacity_estimate(o, slack=slack, finest=finest)) is not None
         ]
         if not estimates or not self._merge_capacity(scope, min(estimates)):
             return None
