@@ -15,18 +15,29 @@ The same scenario twice:
 Both are measured the same way (``rateloop.sim.harness``): completed / lost
 tasks, efficiency against the quota-bound ideal, provider refusals per
 success, attempts per call.  The limits are scaled up (600 RPM, 400k TPM)
-and the answers take 0.5 s so that a real-time run takes about a minute per
+and the answers take 0.5 s so that a real-time run takes about 30 s per
 strategy; the retry constants of the clients are not scaled.
+
+The real clients run in spawned OS processes, one per simulated process
+(four in ``shared``), each on its own event loop; they are started and ready
+before the clock starts; the server runs on a thread of the parent.  The
+rateloop callers give the loop the SDK's raw response
+(``with_raw_response``), so it reads every answer's ``x-ratelimit-*``
+headers as the simulated loop does.
+
+One run of either side is one draw (jittered waits, request timing): each
+pair is run ``--real-runs`` times for real and over ``--sim-seeds`` seeds
+simulated, and the gap compares the two medians.
 
     python bench/sim_crosscheck.py                       # burst and steady, all strategies
     python bench/sim_crosscheck.py --scenario burst --strategies sdk,rateloop
-    python bench/sim_crosscheck.py --json bench/results/sim_crosscheck.json
-    python bench/sim_crosscheck.py --scenario burst --strategies tenacity --sim-seeds 8
+    python bench/sim_crosscheck.py --scenario burst,steady,shared --real-runs 2 \
+        --json bench/results/sim_crosscheck.json
     python bench/sim_crosscheck.py --scenario shared --strategies rateloop,rateloop-zero
 
 ``shared`` (four processes, one budget) needs the Redis on 127.0.0.1:6379: the
-``rateloop`` callers share their limiter state there (under a random key
-prefix, deleted afterwards); the zero-config callers each learn alone.
+``rateloop`` processes share their limiter state there (under a random key
+prefix, deleted afterwards); the zero-config processes each learn alone.
 """
 
 from __future__ import annotations
@@ -95,6 +106,20 @@ async def _create(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
     )
 
 
+async def _create_raw(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
+    """The SDK's raw response: the answer *with its headers*, as the simulator's attempts are.
+
+    A parsed ``ChatCompletion`` carries no headers, so a loop around ``create()``
+    would learn only from refusals; the simulated rateloop (and rateloop's own
+    SDK clients, ``rateloop.async_openai_client()``) read every answer's
+    ``x-ratelimit-*`` headers.
+    """
+    return await client.chat.completions.with_raw_response.create(
+        model="sim-model", messages=MESSAGES, max_tokens=call.max_tokens,  # type: ignore[arg-type]
+        extra_headers=_headers(call),
+    )
+
+
 def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | None = None) -> Any:
     """``async call(spec) -> bool`` for a real client.
 
@@ -157,7 +182,7 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
 
         async def with_rateloop(call: CallSpec) -> bool:
             async def attempt(_route: Route) -> Any:
-                return await _create(client, call)
+                return await _create_raw(client, call)
 
             outcome = await loop.call(attempt, route=route, cost=Cost(
                 input_tokens=call.input_tokens, output_tokens=call.max_tokens))
@@ -369,7 +394,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--sim-seeds", type=int, default=8,
+    parser.add_argument("--sim-seeds", type=int, default=40,
                         help="simulate jitter seeds 1..N; the gap uses their median")
     parser.add_argument("--real-runs", type=int, default=1,
                         help="real runs per pair; the gap uses their median")
