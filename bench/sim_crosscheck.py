@@ -9,24 +9,35 @@ The same scenario twice:
   (``max_retries=2``), real tenacity with the cookbook recipe around the SDK
   (``max_retries=0``), rateloop's ``AsyncRateLoop`` + ``Limiter`` around the
   SDK, a naive immediate-retry loop, and LiteLLM (``litellm.acompletion`` with
-  ``num_retries=2``, which LiteLLM hands to the OpenAI client as ``max_retries``:
-  it is compared with the simulator's SDK model) when it is importable.
+  ``num_retries=2``: the OpenAI client's ``max_retries``, then LiteLLM's own
+  two more attempts; the simulator's ``litellm`` model) when it is importable.
 
 Both are measured the same way (``rateloop.sim.harness``): completed / lost
 tasks, efficiency against the quota-bound ideal, provider refusals per
 success, attempts per call.  The limits are scaled up (600 RPM, 400k TPM)
-and the answers take 0.5 s so that a real-time run takes about a minute per
+and the answers take 0.5 s so that a real-time run takes about 30 s per
 strategy; the retry constants of the clients are not scaled.
+
+The real clients run in spawned OS processes, one per simulated process
+(four in ``shared``), each on its own event loop; they are started and ready
+before the clock starts; the server runs on a thread of the parent.  The
+rateloop callers give the loop the SDK's raw response
+(``with_raw_response``), so it reads every answer's ``x-ratelimit-*``
+headers as the simulated loop does.
+
+One run of either side is one draw (jittered waits, request timing): each
+pair is run ``--real-runs`` times for real and over ``--sim-seeds`` seeds
+simulated, and the gap compares the two medians.
 
     python bench/sim_crosscheck.py                       # burst and steady, all strategies
     python bench/sim_crosscheck.py --scenario burst --strategies sdk,rateloop
-    python bench/sim_crosscheck.py --json bench/results/sim_crosscheck.json
-    python bench/sim_crosscheck.py --scenario burst --strategies tenacity --sim-seeds 8
+    python bench/sim_crosscheck.py --scenario burst,steady,shared --real-runs 2 \
+        --json bench/results/sim_crosscheck.json
     python bench/sim_crosscheck.py --scenario shared --strategies rateloop,rateloop-zero
 
 ``shared`` (four processes, one budget) needs the Redis on 127.0.0.1:6379: the
-``rateloop`` callers share their limiter state there (under a random key
-prefix, deleted afterwards); the zero-config callers each learn alone.
+``rateloop`` processes share their limiter state there (under a random key
+prefix, deleted afterwards); the zero-config processes each learn alone.
 """
 
 from __future__ import annotations
@@ -37,8 +48,10 @@ import importlib.util
 import json
 import logging
 import math
+import multiprocessing as mp
 import os
 import secrets
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -63,8 +76,7 @@ from rateloop.testing import FakeProvider, FakeProviderServer
 
 LIMITS = {"rpm": 600, "tpm": 400_000, "burst_seconds": 5.0, "latency": 0.5}
 MESSAGES = [{"role": "user", "content": "x"}]
-SIM_MODEL = {"litellm": "sdk"}
-REDIS_URL = "redis://127.0.0.1:6379/0"  # the simulated strategy a real client is compared with
+REDIS_URL = "redis://127.0.0.1:6379/0"  # the shared budget of the "shared" scenario
 
 
 def scenario(name: str, *, tasks: int, calls: int, seed: int) -> Scenario:
@@ -89,6 +101,20 @@ def _client(url: str, retries: int) -> openai.AsyncOpenAI:
 
 async def _create(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
     return await client.chat.completions.create(
+        model="sim-model", messages=MESSAGES, max_tokens=call.max_tokens,  # type: ignore[arg-type]
+        extra_headers=_headers(call),
+    )
+
+
+async def _create_raw(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
+    """The SDK's raw response: the answer *with its headers*, as the simulator's attempts are.
+
+    A parsed ``ChatCompletion`` carries no headers, so a loop around ``create()``
+    would learn only from refusals; the simulated rateloop (and rateloop's own
+    SDK clients, ``rateloop.async_openai_client()``) read every answer's
+    ``x-ratelimit-*`` headers.
+    """
+    return await client.chat.completions.with_raw_response.create(
         model="sim-model", messages=MESSAGES, max_tokens=call.max_tokens,  # type: ignore[arg-type]
         extra_headers=_headers(call),
     )
@@ -156,7 +182,7 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
 
         async def with_rateloop(call: CallSpec) -> bool:
             async def attempt(_route: Route) -> Any:
-                return await _create(client, call)
+                return await _create_raw(client, call)
 
             outcome = await loop.call(attempt, route=route, cost=Cost(
                 input_tokens=call.input_tokens, output_tokens=call.max_tokens))
@@ -183,40 +209,93 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
     raise ValueError(f"no real client for strategy {strategy!r}")
 
 
-async def _real(sc: Scenario, strategy: str) -> RunResult:
+async def _client_tasks(strategy: str, url: str, sc: Scenario, group: int,
+                        redis_prefix: str | None, ready: Any, go: Any,
+                        start_at: Any) -> list[tuple[int, TaskResult]]:
+    """One client process: its share of the tasks (``group``), timed from the common start."""
+    caller = make_real_caller(strategy, url, sc, redis_prefix)
+    mine = [(i, t) for i, t in enumerate(sc.workload.tasks) if t.group % sc.processes == group]
+    ready.release()
+    while not go.is_set():  # the clock starts when every process is ready
+        await asyncio.sleep(0.002)
+    t0 = start_at.value
+
+    async def run_task(spec: TaskSpec) -> TaskResult:
+        await asyncio.sleep(max(0.0, t0 + spec.start - time.time()))
+        start = time.time() - t0
+        done: list[CallSpec] = []
+        for call in spec.calls:
+            if not await caller(call):
+                break
+            done.append(call)
+        completed = len(done) == len(spec.calls)
+        return TaskResult(start, time.time() - t0, completed, tuple(done),
+                          len(done) + (0 if completed else 1), 0,
+                          "completed" if completed else "failed")
+
+    results = await asyncio.gather(*(run_task(t) for _, t in mine))
+    return [(i, r) for (i, _), r in zip(mine, results, strict=True)]
+
+
+def _client_process(strategy: str, url: str, args: tuple[str, int, int, int], group: int,
+                    redis_prefix: str | None, ready: Any, go: Any, start_at: Any,
+                    results: Any) -> None:
+    logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
+    name, tasks, calls, seed = args
+    sc = scenario(name, tasks=tasks, calls=calls, seed=seed)  # deterministic: the parent's
+    try:
+        out = asyncio.run(_client_tasks(strategy, url, sc, group, redis_prefix, ready, go,
+                                        start_at))
+        results.put(("ok", out))
+    except BaseException as exc:  # reported to the parent, which raises it
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _real(sc: Scenario, strategy: str, args: tuple[str, int, int, int]) -> RunResult:
+    """The scenario in real time: one OS process per simulated process, the server in this one.
+
+    The client processes are spawned, build their clients and signal ready
+    before the clock starts (as ``fleet_bench.py`` does); each runs its own
+    event loop.  In ``shared`` the four ``rateloop`` processes share one budget
+    in the Redis on 127.0.0.1.
+    """
     provider = FakeProvider(**sc.provider_options())
-    # The server runs its own loop on a thread; the clients run on this one.
+    ctx = mp.get_context("spawn")
+    # The server runs its own loop on a thread of this process; the clients run elsewhere.
     with FakeProviderServer(provider) as server:
-        # One caller per simulated process; "shared" runs four with one Redis budget.
         prefix = f"rateloop-simcheck-{secrets.token_hex(4)}:" if sc.processes > 1 else None
-        callers = [make_real_caller(strategy, server.url, sc, prefix)
-                   for _ in range(sc.processes)]
-        t0 = time.monotonic()
-
-        async def run_task(spec: TaskSpec) -> TaskResult:
-            await asyncio.sleep(spec.start)
-            start = time.monotonic() - t0
-            done: list[CallSpec] = []
-            caller = callers[spec.group % len(callers)]
-            for call in spec.calls:
-                if not await caller(call):
-                    break
-                done.append(call)
-            completed = len(done) == len(spec.calls)
-            return TaskResult(start, time.monotonic() - t0, completed, tuple(done),
-                              len(done) + (0 if completed else 1), 0,
-                              "completed" if completed else "failed")
-
+        ready, go, start_at, queue = ctx.Semaphore(0), ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
+        procs = [ctx.Process(target=_client_process,
+                             args=(strategy, server.url, args, g, prefix, ready, go, start_at,
+                                   queue))
+                 for g in range(sc.processes)]
         try:
-            results = await asyncio.gather(*(run_task(t) for t in sc.workload.tasks))
+            for proc in procs:
+                proc.start()
+            for _ in procs:
+                if not ready.acquire(timeout=300):
+                    raise RuntimeError(f"{strategy}: a client process did not start")
+            provider.reset()  # nothing before the clock counts
+            start_at.value = time.time()
+            go.set()
+            outs = [queue.get(timeout=1800) for _ in procs]
+            for proc in procs:
+                proc.join(timeout=30)
         finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
             if prefix is not None:
                 _forget_redis_keys(prefix)
+        stats = provider.stats
+    errors = [o[1] for o in outs if o[0] == "error"]
+    if errors:
+        raise RuntimeError(f"{strategy}: {errors[0]}")
+    results = [r for _, r in sorted((pair for o in outs for pair in o[1]), key=lambda p: p[0])]
     possible = achievable_tasks(sc.workload.tasks, sc.limits.rpd)
     ideal = ideal_seconds(profile="openai", limits=sc.limits, latency=sc.latency,
                           tasks=[(t.start, t.calls) for t in possible])
-    stats = provider.stats
-    return RunResult(scenario=sc.name, strategy=strategy, tasks=list(results),
+    return RunResult(scenario=sc.name, strategy=strategy, tasks=results,
                      provider_attempts=stats.attempts, provider_refusals=stats.refused,
                      served=stats.served, ideal=ideal, achievable=len(possible))
 
@@ -242,49 +321,67 @@ def _gap(sim: float | None, real: float | None) -> str:
     return f"{(sim - real) / max(abs(real), 1e-9):+.0%}"
 
 
-async def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, Any]]:
+def _row(label: str, name: str, strategy: str, sc: Scenario, row: dict[str, Any]) -> None:
+    rej = row["rejected_per_success"]
+    done = f"{row['completed']}/{len(sc.workload.tasks)}"
+    print(f"{name:8} {strategy:14} {label:7} {done:>6} {row['lost']:>5} "
+          f"{row['wall_secs']:>6.1f}s {row['efficiency']:>7.0%} "
+          f"{'inf' if rej is None else f'{rej:.2f}':>10} "
+          f"{row['attempts_per_call']:>10.2f}", flush=True)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else value
+
+
+def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, Any]]:
+    """Each pair: ``--real-runs`` real runs and the simulator over jitter seeds 1..``--sim-seeds``.
+
+    One run of either side is one draw: jittered waits (the SDK's, tenacity's,
+    rateloop's), request timing (the simulator's transit, real HTTP's) and
+    who meets a refusal first all vary.  The gap compares the median of the
+    real runs with the median over the simulator's seeds.
+    """
     rows: list[dict[str, Any]] = []
-    header = (f"{'scenario':8} {'strategy':14} {'run':5} {'done':>6} {'lost':>5} {'wall':>7} "
-              f"{'effic.':>7} {'refused/ok':>10} {'tries/call':>10}")
-    print(header, flush=True)
+    print(f"{'scenario':8} {'strategy':14} {'run':7} {'done':>6} {'lost':>5} {'wall':>7} "
+          f"{'effic.':>7} {'refused/ok':>10} {'tries/call':>10}", flush=True)
     for name in args.scenario.split(","):
         sc = scenario(name, tasks=args.tasks, calls=args.calls, seed=args.seed)
         for strategy in strategies:
-            real = await _real(sc, strategy)
-            # LiteLLM's num_retries is the OpenAI client's max_retries: the SDK model.
-            # The simulator runs its own (virtual-time) loop: on a thread, not inside this one.
-            sim = await asyncio.to_thread(
-                run_strategy, sc, SIM_MODEL.get(strategy, strategy), seed=args.seed)
-            pair: dict[str, Any] = {"real": summary(real), "sim": summary(sim)}
-            for label, row in pair.items():
-                rej = row["rejected_per_success"]
-                done = f"{row['completed']}/{len(sc.workload.tasks)}"
-                print(f"{name:8} {strategy:14} {label:5} {done:>6} {row['lost']:>5} "
-                      f"{row['wall_secs']:>6.1f}s {row['efficiency']:>7.0%} "
-                      f"{'inf' if rej is None else f'{rej:.2f}':>10} "
-                      f"{row['attempts_per_call']:>10.2f}", flush=True)
-            sim_rej, real_rej = sim.rejected_per_success, real.rejected_per_success
-            gaps = {
-                "efficiency": _gap(sim.efficiency, real.efficiency),
-                "rejected_per_success": _gap(None if math.isinf(sim_rej) else sim_rej,
-                                             None if math.isinf(real_rej) else real_rej),
-            }
-            pair["gap_sim_vs_real"] = gaps
-            if args.sim_seeds > 1:
-                # Random strategies (full jitter): one real run is one draw; show the
-                # simulator's spread over jitter seeds next to it.
-                runs = [await asyncio.to_thread(run_strategy, sc, SIM_MODEL.get(strategy, strategy),
-                                                seed=k) for k in range(1, args.sim_seeds + 1)]
-                effs = sorted(r.efficiency for r in runs)
-                rejs = sorted(r.rejected_per_success for r in runs)
-                pair["sim_spread"] = {"seeds": args.sim_seeds, "efficiency": [effs[0], effs[-1]],
-                                      "rejected_per_success": [rejs[0], rejs[-1]]}
-                print(f"{'':8} {'':14} sim spread over seeds 1-{args.sim_seeds}: efficiency "
-                      f"{effs[0]:.0%}-{effs[-1]:.0%}, refused/ok {rejs[0]:.2f}-{rejs[-1]:.2f}",
-                      flush=True)
-            print(f"{'':8} {'':14} gap   efficiency {gaps['efficiency']}, "
-                  f"refused/ok {gaps['rejected_per_success']}", flush=True)
-            rows.append({"scenario": name, "strategy": strategy, **pair})
+            reals = [_real(sc, strategy, (name, args.tasks, args.calls, args.seed))
+                     for _ in range(args.real_runs)]
+            sims = [run_strategy(sc, strategy, seed=k) for k in range(1, args.sim_seeds + 1)]
+            for n, real in enumerate(reals, 1):
+                _row(f"real#{n}", name, strategy, sc, summary(real))
+            _row("sim", name, strategy, sc, summary(sims[0]))
+            effs = [r.efficiency for r in sims]
+            rejs = [r.rejected_per_success for r in sims]
+            sim_eff, sim_rej = _median(effs), _median(rejs)
+            real_eff = _median([r.efficiency for r in reals])
+            real_rej = _median([r.rejected_per_success for r in reals])
+            gaps = {"efficiency": _gap(sim_eff, real_eff),
+                    "rejected_per_success": _gap(_finite(sim_rej), _finite(real_rej))}
+            print(f"{'':8} {'':14} sim seeds 1-{len(sims)}: efficiency {min(effs):.0%}-"
+                  f"{max(effs):.0%} (median {sim_eff:.0%}), refused/ok {min(rejs):.2f}-"
+                  f"{max(rejs):.2f} (median {sim_rej:.2f})", flush=True)
+            print(f"{'':8} {'':14} gap (sim median vs real median): efficiency "
+                  f"{gaps['efficiency']}, refused/ok {gaps['rejected_per_success']}",
+                  flush=True)
+            rows.append({
+                "scenario": name, "strategy": strategy,
+                "real": [summary(r) for r in reals],
+                "sim": summary(sims[0]),
+                "sim_seeds": {"seeds": len(sims), "efficiency": effs,
+                              "rejected_per_success": [_finite(x) for x in rejs]},
+                "median": {"real_efficiency": real_eff, "sim_efficiency": sim_eff,
+                           "real_rejected_per_success": _finite(real_rej),
+                           "sim_rejected_per_success": _finite(sim_rej)},
+                "gap_sim_vs_real": gaps,
+            })
     return rows
 
 
@@ -297,8 +394,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--sim-seeds", type=int, default=1,
-                        help="also simulate jitter seeds 1..N and print the spread")
+    parser.add_argument("--sim-seeds", type=int, default=40,
+                        help="simulate jitter seeds 1..N; the gap uses their median")
+    parser.add_argument("--real-runs", type=int, default=1,
+                        help="real runs per pair; the gap uses their median")
     args = parser.parse_args()
     strategies = [s for s in args.strategies.split(",") if s]
     # LiteLLM: no network (its model-price map is bundled), no chatter on stderr.
@@ -307,7 +406,10 @@ def main() -> None:
     if "litellm" in strategies and importlib.util.find_spec("litellm") is None:
         print("litellm is not installed: skipping it (pip install litellm)", file=sys.stderr)
         strategies.remove("litellm")
-    rows = asyncio.run(_run_all(args, strategies))
+    if min(args.sim_seeds, args.real_runs) < 1:
+        parser.error(f"--sim-seeds and --real-runs must be >= 1, got {args.sim_seeds} and "
+                     f"{args.real_runs}")
+    rows = _run_all(args, strategies)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"limits": LIMITS, "rows": rows}, indent=2) + "\n")

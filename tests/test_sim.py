@@ -208,12 +208,60 @@ def test_tenacity_model_six_attempts_random_exponential() -> None:
     assert 5.0 <= elapsed <= 31.0
 
 
+def test_litellm_model_sdk_retries_then_its_own_two() -> None:
+    # The SDK's three attempts (0.5 s, 1 s backoff), then LiteLLM's wrapper: two more,
+    # no wait after an overload (constant_retry).
+    ok, attempts, elapsed, status = _one_call("litellm", faults=["overload"] * 10)
+    assert (ok, attempts, status) == (False, 5, "raised after 5 attempts")
+    assert 0.75 * 1.5 <= elapsed <= 1.5
+    # After a 429 (RateLimitError) its wrapper waits 1 s between its two attempts.
+    ok, attempts, elapsed, _ = _one_call("litellm", faults=["rate_limit"] * 10)
+    assert (ok, attempts) == (False, 5)
+    assert 0.75 * 1.5 + 1.0 <= elapsed <= 2.5
+    # The wrapper's retries serve a call the SDK gave up on.
+    ok, attempts, _, _ = _one_call("litellm", faults=["overload"] * 3)
+    assert (ok, attempts) == (True, 4)
+
+
 def test_immediate_model_never_waits() -> None:
     ok, attempts, elapsed, _ = _one_call("immediate", faults=["overload"] * 20)
     assert (ok, attempts, elapsed) == (False, 10, 0.0)
 
 
 # --- the harness ----------------------------------------------------------------------------------
+
+
+def test_requests_reach_the_provider_after_a_random_transit() -> None:
+    clock = VirtualClock()
+
+    async def main(transit: float) -> list[float]:
+        provider = FakeProvider(clock=clock)
+        ctx = SimContext(provider=provider, clock=clock, rng=random.Random(0), configured=None,
+                         route=Route(provider="openai", model="m"), transit=transit,
+                         transit_rng=random.Random(1))
+        seen = []
+        for _ in range(20):
+            start = clock.monotonic()
+            await ctx.attempt(CallSpec(10, 10, 10))
+            seen.append(clock.monotonic() - start)
+        return seen
+
+    delays = run_virtual(main(0.01))
+    assert all(0 < d <= 0.01 for d in delays)
+    assert len(set(delays)) == 20  # each request its own delay, not one fixed shift
+    assert run_virtual(main(0.0)) == [0.0] * 20
+
+
+def test_scenarios_carry_the_transit_into_the_run() -> None:
+    assert build_scenario("burst").transit == 0.01  # the default: 0-10 ms
+    flat = Workload.generate(tasks=1, calls=1, seed=1)
+    slow = build_scenario("burst", latency=0.0, transit=0.5, rpm=None, tpm=None, workload=flat)
+    assert "0-500 ms" in slow.limits_text()
+    end = run_strategy(slow, "immediate").tasks[0].end
+    assert 0 < end <= 0.5
+    none = build_scenario("burst", latency=0.0, transit=0.0, rpm=None, tpm=None, workload=flat)
+    assert run_strategy(none, "immediate").tasks[0].end == 0.0
+
 
 
 def test_rateloop_completes_the_burst_near_the_ideal() -> None:
@@ -275,8 +323,8 @@ def test_simulate_json_rows_and_the_honesty_note() -> None:
     data = json.loads(result.stdout)
     assert "models of the peers' documented retry behaviour" in data["note"]
     assert [r["strategy"] for r in data["rows"]] == [
-        "immediate", "sdk", "tenacity", "rateloop", "rateloop-zero"]
-    loop = data["rows"][3]
+        "immediate", "sdk", "tenacity", "litellm", "rateloop", "rateloop-zero"]
+    loop = data["rows"][4]
     assert loop["completed"] == 6 and 0 < loop["efficiency"] <= 1
 
 

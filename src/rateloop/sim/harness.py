@@ -159,7 +159,8 @@ async def _run(scenario: Scenario, strategy: str, seed: int) -> RunResult:
     provider = FakeProvider(clock=clock, seed=seed, **scenario.provider_options())
     route = Route(provider=scenario.profile, model="sim-model")
     ctx = SimContext(provider=provider, clock=clock, rng=random.Random(seed),
-                     configured=scenario.configured, route=route)
+                     configured=scenario.configured, route=route, transit=scenario.transit,
+                     transit_rng=random.Random(f"transit-{seed}"))
     callers = {g: make_caller(strategy, ctx, g) for g in range(scenario.processes)}
     statuses: dict[str, int] = {}
 

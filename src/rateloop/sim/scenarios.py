@@ -2,7 +2,8 @@
 
 Every scenario starts from the same embedded defaults (an OpenAI-shaped
 provider at 60 RPM and 40,000 TPM with a 5 s burst, 2 s per answer, 40 tasks
-× 5 calls) and changes one thing:
+× 5 calls; a request reaches the provider 0-10 ms after it is sent, as no real
+one lands on the planned instant) and changes one thing:
 
 - ``burst``: every task arrives at once.
 - ``steady``: tasks arrive evenly over four minutes.
@@ -48,6 +49,7 @@ class Scenario:
     workload: Workload
     latency: float = 2.0
     refusal_latency: float = 0.05
+    transit: float = 0.01  # a request reaches the provider 0..transit seconds after it is sent
     storms: tuple[StormWindow, ...] = field(default=())
     processes: int = 1
 
@@ -60,7 +62,8 @@ class Scenario:
             parts.append(f"{lim.concurrency} at once")
         shown = ", ".join(parts) or "no limits"
         return (f"{self.profile} provider: {shown}, {lim.burst_seconds:g} s burst; "
-                f"answers take {self.latency:g} s")
+                f"requests reach it in 0-{self.transit * 1000:g} ms, answers take "
+                f"{self.latency:g} s")
 
     def provider_options(self) -> dict[str, Any]:
         return {"profile": self.profile, "limits": self.limits, "latency": self.latency,
@@ -115,6 +118,7 @@ def build_scenario(
     concurrency: int | None = None,
     burst_seconds: float = 5.0,
     latency: float = 2.0,
+    transit: float = 0.01,
     input_tokens: int = 600,
     max_tokens: int = 400,
     workload: Workload | None = None,
@@ -168,6 +172,7 @@ def build_scenario(
         configured=configured,
         workload=workload,
         latency=latency,
+        transit=transit,
         storms=storms,
         processes=processes,
     )

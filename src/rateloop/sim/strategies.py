@@ -10,6 +10,12 @@ the peers' code (``bench/sim_crosscheck.py`` runs the real SDKs):
   errors; honour ``retry-after-ms`` / ``retry-after`` when 0 < it <= 120 s
   and do not retry at all above that; otherwise ``min(0.5 × 2^n, 8)`` s
   reduced by up to 25 % at random.
+- ``litellm``: ``litellm.acompletion(num_retries=2)`` as LiteLLM's source reads
+  (1.110, ``main.py`` / ``utils.py``): the OpenAI client with ``max_retries=2``
+  (the ``sdk`` model above); when that raises, LiteLLM's own wrapper
+  (``acompletion_with_retries``) tries 2 more times with the client's retries
+  off: at once, then after 1 s (``wait_exponential(multiplier=1, max=10)``)
+  if the error was a 429, at once otherwise.
 - ``tenacity``: the OpenAI cookbook's recipe ("How to handle rate limits"):
   ``@retry(wait=wait_random_exponential(min=1, max=60), stop=stop_after_attempt(6))``
   -- a uniform wait between 1 s and ``min(60, 2^(n-1))`` s, on any error.
@@ -25,6 +31,7 @@ and rateloop, with the real :class:`~rateloop.AsyncRateLoop` and
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,9 +69,19 @@ class SimContext:
     route: Route
     attempts_log: list[tuple[float, bool]] = field(default_factory=list)
     shared_backend: MemoryBackend | None = None
+    #: A request reaches the provider a uniform random 0..``transit`` seconds after it is
+    #: sent (drawn from ``transit_rng``, not ``rng``: the baselines' jitter is unchanged).
+    transit: float = 0.0
+    transit_rng: random.Random = field(default_factory=lambda: random.Random(0))
     _limiters: dict[int, Limiter] = field(default_factory=dict)
 
     async def attempt(self, call: CallSpec) -> FakeResponse:
+        if self.transit > 0:
+            # No real request lands on the instant it was planned for: the client's own
+            # work and the network put a few varying milliseconds between the two.  A
+            # simulation without them hits a provider's bucket edges exactly (a call that
+            # leaves it with 0.0 tokens, never 0.3), which real clients never do.
+            await asyncio.sleep(self.transit_rng.uniform(0.0, self.transit))
         response = await self.provider.arespond(FakeRequest(
             input_tokens=call.input_tokens, max_tokens=call.max_tokens,
             output_tokens=call.output_tokens,
@@ -86,6 +103,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("immediate", "immediate retry*", True),
         Strategy("sdk", "SDK retries*", True),
         Strategy("tenacity", "tenacity recipe*", True),
+        Strategy("litellm", "LiteLLM retries*", True),
         Strategy("rateloop", "rateloop", False),
         Strategy("rateloop-zero", "rateloop zero-config", False),
     )
@@ -129,27 +147,54 @@ def _immediate(ctx: SimContext) -> Caller:
     return call
 
 
-def _sdk(ctx: SimContext) -> Caller:
+async def _sdk_call(ctx: SimContext, spec: CallSpec) -> tuple[CallResult, FakeResponse]:
+    """One call through the SDK's retries: the result and the last response."""
     max_retries = 2
+    for n in range(max_retries + 1):
+        response = await ctx.attempt(spec)
+        if not _failed(response):
+            return CallResult(True, n + 1, "completed"), response
+        status = response.status_code
+        retryable = response.reset or status in (408, 409, 429) or status >= 500
+        after = None if response.reset else _retry_after(response, ctx.clock.now())
+        if after is not None and after > 120:
+            return CallResult(False, n + 1, "retry-after beyond 120 s: not retried"), response
+        if not retryable or n == max_retries:
+            return CallResult(False, n + 1, f"raised after {n + 1} attempts"), response
+        if after is not None and 0 < after <= 120:
+            wait = after
+        else:
+            wait = min(0.5 * 2.0**n, 8.0) * (1 - 0.25 * ctx.rng.random())
+        await ctx.clock.asleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _sdk(ctx: SimContext) -> Caller:
+    async def call(spec: CallSpec) -> CallResult:
+        result, _ = await _sdk_call(ctx, spec)
+        return result
+
+    return call
+
+
+def _litellm(ctx: SimContext) -> Caller:
+    num_retries = 2
 
     async def call(spec: CallSpec) -> CallResult:
-        for n in range(max_retries + 1):
-            response = await ctx.attempt(spec)
-            if not _failed(response):
-                return CallResult(True, n + 1, "completed")
-            status = response.status_code
-            retryable = response.reset or status in (408, 409, 429) or status >= 500
-            after = None if response.reset else _retry_after(response, ctx.clock.now())
-            if after is not None and after > 120:
-                return CallResult(False, n + 1, "retry-after beyond 120 s: not retried")
-            if not retryable or n == max_retries:
-                return CallResult(False, n + 1, f"raised after {n + 1} attempts")
-            if after is not None and 0 < after <= 120:
-                wait = after
-            else:
-                wait = min(0.5 * 2.0**n, 8.0) * (1 - 0.25 * ctx.rng.random())
-            await ctx.clock.asleep(wait)
-        raise AssertionError("unreachable")
+        result, last = await _sdk_call(ctx, spec)
+        if result.ok:
+            return result
+        # The wrapper's tenacity: exponential (1 s, 2 s, ...) after a RateLimitError,
+        # no wait after any other error; the strategy is chosen by the client's error.
+        rate_limited = not last.reset and last.status_code == 429
+        attempts = result.attempts
+        for n in range(1, num_retries + 1):
+            attempts += 1
+            if not _failed(await ctx.attempt(spec)):
+                return CallResult(True, attempts, "completed")
+            if n < num_retries and rate_limited:
+                await ctx.clock.asleep(min(2.0 ** (n - 1), 10.0))
+        return CallResult(False, attempts, f"raised after {attempts} attempts")
 
     return call
 
@@ -217,6 +262,8 @@ def make_caller(name: str, ctx: SimContext, group: int) -> Caller:
         return _sdk(ctx)
     if name == "tenacity":
         return _tenacity(ctx)
+    if name == "litellm":
+        return _litellm(ctx)
     if name == "rateloop":
         return _rateloop(ctx, group, configured=True)
     if name == "rateloop-zero":
