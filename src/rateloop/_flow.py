@@ -306,6 +306,22 @@ class _BaseRateLoop:
                             except BaseException:
                                 yield LimiterCall(granted, "release", ())
                                 raise
+                            if getattr(granted, "stale", False):
+                                # The provider refused a call since this was booked (in this
+                                # process, or another's, as the backend reported): the
+                                # schedule no longer holds, and a refused request would
+                                # spend a slot there too.  Give the booking back and ask
+                                # again -- an admission wait, not an attempt.
+                                yield LimiterCall(granted, "release", ())
+                                reservation = None
+                                emit(
+                                    DecisionKind.ADMISSION_WAIT,
+                                    route=route,
+                                    wait_seconds=0.0,
+                                    reason=f"re-admitting on {route.scope}: a refusal since "
+                                    "its booking",
+                                )
+                                continue
                         break
                     retry_after = granted.retry_after
                     if granted.never_fits:
