@@ -185,7 +185,7 @@ def _foreign(text: str) -> list[tuple[float, int]]:
         try:
             out.append((float(at), int(n)))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--foreign wants T:N[,T:N...], got {text!r}")
+            raise argparse.ArgumentTypeError(f"--foreign wants T:N[,...], got {text!r}") from None
     return out
 
 

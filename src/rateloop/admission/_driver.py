@@ -131,8 +131,9 @@ class BackendDriver:
         self._lock = threading.Lock()
         # Per scope, until when a refusal (a 429 observed, a pause) this process knows of
         # said the provider has nothing, in the backend's time: its own, and other
-        # processes' as the shared backend reports them with each admission and settle.  One dict for the shared backend,
-        # one for the local fallback (their clocks differ).  Only ever raised.
+        # processes' as the shared backend reports them with each admission and settle.
+        # One dict for the shared backend, one for the local fallback (their clocks
+        # differ).  Only ever raised.
         self._refused: dict[str, float] = {}
         self._refused_local: dict[str, float] = {}
 

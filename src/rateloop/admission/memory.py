@@ -231,8 +231,7 @@ class MemoryBackend:
                 if state.paused_until - now > wait:
                     wait = hard = state.paused_until - now
                     blame = (key, None, state.pause_reason)
-                if state.refused_until > refused:
-                    refused = state.refused_until
+                refused = max(refused, state.refused_until)
         wall: float | None = None
         # (check, state, slot, new value, rate of a bucket | index of a day window)
         staged: list[tuple[Check, _Scope, Any, float, float]] = []
@@ -318,8 +317,7 @@ class MemoryBackend:
         refused = -math.inf
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
-            if state.refused_until > refused:
-                refused = state.refused_until
+            refused = max(refused, state.refused_until)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
@@ -345,8 +343,7 @@ class MemoryBackend:
     def _pause(self, op: PauseOp, now: float) -> PauseResult:
         state = self._scope(op.scope)
         until = now + op.seconds
-        if until > state.refused_until:
-            state.refused_until = until
+        state.refused_until = max(state.refused_until, until)
         if until > state.paused_until:
             state.paused_until = until
             state.pause_reason = op.reason
