@@ -138,7 +138,7 @@ def _fleet(foreign: int, seed: int) -> tuple[int, int]:
     return run_virtual(main())
 
 
-@pytest.mark.parametrize(("foreign", "seed"), [(1, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize(("foreign", "seed"), [(2, 0), (2, 1), (3, 2)])
 def test_a_foreign_client_draws_one_refusal_not_a_chain(foreign: int, seed: int) -> None:
     """Before: 28 refusals 50 ms apart for 2 foreign slots (every booked start refused)."""
     served, refused = _fleet(foreign, seed)
@@ -217,7 +217,7 @@ def test_redis_two_loops_a_booked_call_is_admitted_again_not_sent(
     clock.sleep = sleep  # type: ignore[method-assign]
     loop_a = RateLoop(Policy(), limiter=a, clock=clock, sinks=[events.append])
     sent: list[Route] = []
-    out = loop_a.call(lambda r: sent.append(r), route=ROUTE, deadline=0.5)
+    out = loop_a.call(sent.append, route=ROUTE, deadline=0.5)
     # Without the fix the booked call went at its start into B's refusal.
     assert sent == []
     assert not out.ok

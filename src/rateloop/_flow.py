@@ -85,9 +85,9 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
 
 
 #: How far ahead the loop books a start (the limiter's ``book_within``).  A booked call
-#: sleeps until its start without seeing a scope pause set meanwhile, so the horizon is
-#: kept to a few seconds of pacing; a longer admission wait is served by polling
-#: ``try_reserve``, which does see pauses.
+#: sleeps until its start; a refusal meanwhile that voids it (``Reservation.stale``) has
+#: it admitted again then.  The horizon keeps bookings to a few seconds of pacing; a
+#: longer admission wait is served by polling ``try_reserve``.
 BOOK_HORIZON_SECS = 5.0
 #: A booked start, or a wait for capacity, is reached this much late.  The limiter's
 #: model of a provider's bucket frees a unit on the exact instant the provider's does;
