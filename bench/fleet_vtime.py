@@ -12,7 +12,10 @@ process:
   loaded machine): each sleep overshoots by an exponential delay of mean
   ``--stall`` seconds with probability ``--stall-p``;
 * ``--send``: the request reaches the provider after a uniform delay in
-  ``[0, send]`` (client and network), ``--recv`` the same for the answer.
+  ``[0, send]`` (client and network), ``--recv`` the same for the answer;
+* ``--foreign T:N[,T:N...]``: another client of the same key takes ``N``
+  request slots of the provider's bucket at ``T`` seconds (a refusal this
+  fleet cannot foresee; its booked starts must not all be refused after it).
 
 Each refusal is recorded with its time, dimension, and the provider's bucket
 level next to the refused call's booked start (``-v`` prints them).
@@ -20,6 +23,7 @@ level next to the refused call's booked start (``-v`` prints them).
     PYTHONPATH=src python bench/fleet_vtime.py                        # clean
     PYTHONPATH=src python bench/fleet_vtime.py --stall 0.03 --send 0.02 --reps 20
     PYTHONPATH=src python bench/fleet_vtime.py --strategies zero --processes 4 -v
+    PYTHONPATH=src python bench/fleet_vtime.py --foreign 3:2 --reps 10 -v
 """
 
 from __future__ import annotations
@@ -140,7 +144,15 @@ def run(strategy: str, processes: int, workload: str, seed: int, args: Any) -> d
                         return False
             return True
 
-        oks = await asyncio.gather(*(task(i, cs) for i, cs in enumerate(calls)))
+        async def foreign(at: float, slots: int) -> None:
+            await base.asleep(at)
+            bucket = provider._buckets["requests"]
+            bucket.refill(base.monotonic())
+            bucket.take(slots)  # served elsewhere: the provider's bucket only
+
+        extra = [foreign(at, n) for at, n in args.foreign]
+        oks = (await asyncio.gather(*(task(i, cs) for i, cs in enumerate(calls)), *extra))
+        oks = oks[: len(calls)]
         return {"wall": base.monotonic() - t0, "ok": sum(oks), "refused": provider.stats.refused,
                 "served": provider.stats.served, "refusals": refusals}
 
@@ -166,6 +178,17 @@ class _Answer:
         return json.loads(self.content)
 
 
+def _foreign(text: str) -> list[tuple[float, int]]:
+    out = []
+    for part in text.split(","):
+        at, _, n = part.partition(":")
+        try:
+            out.append((float(at), int(n)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--foreign wants T:N[,...], got {text!r}") from None
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", default="configured,zero,burst")
@@ -178,10 +201,12 @@ def main() -> None:
     parser.add_argument("--stall-p", type=float, default=0.2, help="share of sleeps overshot")
     parser.add_argument("--send", type=float, default=0.0, help="request transit, up to s")
     parser.add_argument("--recv", type=float, default=0.0, help="answer transit, up to s")
+    parser.add_argument("--foreign", type=_foreign, default=[],
+                        help="T:N[,T:N...]: another client takes N request slots at T s")
     parser.add_argument("-v", action="store_true", help="print every refusal")
     args = parser.parse_args()
     print(f"{'strategy':10} {'procs':>5} {'eff min/med':>12} {'429/ok mean/max':>16} "
-          f"{'runs with 429':>13}")
+          f"{'runs with 429':>13} {'429 max':>7}")
     for processes in (int(p) for p in args.processes.split(",")):
         for strategy in args.strategies.split(","):
             rows = [run(strategy, processes, args.workload, args.seed + r, args)
@@ -190,7 +215,8 @@ def main() -> None:
             rates = [r["refused"] / max(1, r["served"]) for r in rows]
             print(f"{strategy:10} {processes:>5} {min(effs):>5.3f}/{statistics.median(effs):.3f}"
                   f" {statistics.mean(rates):>7.3f}/{max(rates):.3f} "
-                  f"{sum(1 for x in rates if x):>8}/{len(rows)}", flush=True)
+                  f"{sum(1 for x in rates if x):>8}/{len(rows)} "
+                  f"{max(r['refused'] for r in rows):>7}", flush=True)
             if args.v:
                 for r, row in enumerate(rows):
                     for t, g, dim, before, late in row["refusals"]:

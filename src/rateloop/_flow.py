@@ -85,9 +85,9 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
 
 
 #: How far ahead the loop books a start (the limiter's ``book_within``).  A booked call
-#: sleeps until its start without seeing a scope pause set meanwhile, so the horizon is
-#: kept to a few seconds of pacing; a longer admission wait is served by polling
-#: ``try_reserve``, which does see pauses.
+#: sleeps until its start; a refusal meanwhile that voids it (``Reservation.stale``) has
+#: it admitted again then.  The horizon keeps bookings to a few seconds of pacing; a
+#: longer admission wait is served by polling ``try_reserve``.
 BOOK_HORIZON_SECS = 5.0
 #: A booked start, or a wait for capacity, is reached this much late.  The limiter's
 #: model of a provider's bucket frees a unit on the exact instant the provider's does;
@@ -306,6 +306,22 @@ class _BaseRateLoop:
                             except BaseException:
                                 yield LimiterCall(granted, "release", ())
                                 raise
+                            if getattr(granted, "stale", False):
+                                # The provider refused a call since this was booked (in this
+                                # process, or another's, as the backend reported): the
+                                # schedule no longer holds, and a refused request would
+                                # spend a slot there too.  Give the booking back and ask
+                                # again -- an admission wait, not an attempt.
+                                yield LimiterCall(granted, "release", ())
+                                reservation = None
+                                emit(
+                                    DecisionKind.ADMISSION_WAIT,
+                                    route=route,
+                                    wait_seconds=0.0,
+                                    reason=f"re-admitting on {route.scope}: a refusal since "
+                                    "its booking",
+                                )
+                                continue
                         break
                     retry_after = granted.retry_after
                     if granted.never_fits:

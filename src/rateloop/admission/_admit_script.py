@@ -100,7 +100,7 @@ def admit_script(shape: Shape) -> str:
             continue
         if kind not in (CheckKind.BUCKET.value, CheckKind.DAY.value):
             raise ValueError(f"no Redis admission for a check of kind {kind!r}")
-        at = 4 + len(fields[s])  # after 'p', 'x', 'f'
+        at = 5 + len(fields[s])  # after 'p', 'x', 'f', 'e'
         slots[i] = (at, at + 1, at + 2)
         one, two = ("l", "t") if kind == CheckKind.BUCKET.value else ("c", "w")
         fields[s] += [f"{field}:{one}", f"{field}:{two}", f"{field}:b"]
@@ -177,7 +177,7 @@ def settle_script(shape: SettleShape) -> str:
     seen: dict[int, int] = {}
     pairs: dict[int, list[str]] = {}
     for j, (s, field, scaled) in enumerate(adjustments):
-        at = 3 + 2 * seen.get(s, 0)  # after 'x', 'f'
+        at = 4 + 2 * seen.get(s, 0)  # after 'x', 'f', 'e'
         seen[s] = seen.get(s, 0) + 1
         scale = f" * f{s}" if scaled else ""
         out.append(

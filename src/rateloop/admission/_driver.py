@@ -129,6 +129,27 @@ class BackendDriver:
         self._local: MemoryBackend | None = None
         self._local_until = _NEVER
         self._lock = threading.Lock()
+        # Per scope, until when a refusal (a 429 observed, a pause) this process knows of
+        # said the provider has nothing, in the backend's time: its own, and other
+        # processes' as the shared backend reports them with each admission and settle.
+        # One dict for the shared backend, one for the local fallback (their clocks
+        # differ).  Only ever raised.
+        self._refused: dict[str, float] = {}
+        self._refused_local: dict[str, float] = {}
+
+    def _note_refused(self, scopes: tuple[str, ...], until: float, local: bool) -> None:
+        """The backend says a refusal in one of ``scopes`` left nothing before ``until``."""
+        known = self._refused_local if local else self._refused
+        for scope in scopes:
+            if known.get(scope, _NEVER) < until:
+                known[scope] = until
+
+    def _refused_before(self, scopes: tuple[str, ...], start: float, local: bool) -> bool:
+        """Did a refusal in one of ``scopes`` leave nothing at the backend time ``start``?"""
+        known = self._refused_local if local else self._refused
+        if not known:
+            return False
+        return any(known.get(scope, _NEVER) > start for scope in scopes)
 
     def _local_backend(self) -> MemoryBackend:
         with self._lock:
@@ -245,9 +266,17 @@ class BackendDriver:
         A settle is one step with nothing to decide around it, so it runs
         without a flow (as ``try_reserve`` does).
         """
-        result = self._execute(op, local)[0]
-        return None if result is None else float(result)
+        return self._settled(self._execute(op, local))
 
     async def _arun_settle(self, op: SettleOp, *, local: bool) -> float | None:
-        result = (await self._aexecute(op, local))[0]
-        return None if result is None else float(result)
+        return self._settled(await self._aexecute(op, local))
+
+    def _settled(self, done: _Done) -> float | None:
+        """A settle's answer ``(now, refused_until)``: note it, return the time."""
+        result, op, local = done
+        if result is None:
+            return None
+        now, refused = result
+        if refused > _NEVER:
+            self._note_refused(tuple(c.scope for c in op.checks), refused, local)
+        return float(now)

@@ -82,6 +82,9 @@ T = TypeVar("T")
 
 
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
+_NO_REFUSAL = -math.inf
+#: Signals that say the provider refused a call for capacity (recorded as a refusal).
+_REFUSALS = frozenset({Kind.TEMPORARY, Kind.PERIOD_QUOTA})
 _NO_SPEC = LimitSpec()
 _PLAN_CACHE_SIZE = 4096
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
@@ -326,6 +329,8 @@ class Limiter(BackendDriver):
         """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
         result: AdmitResult = done[0]
         ran: AdmitOp = done[1]
+        if result.refused_until > _NO_REFUSAL:  # a refusal this process may not know of yet
+            self._note_refused(ran.plan.scopes, result.refused_until, done[2])
         if result.granted:
             return Reservation(
                 self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
@@ -416,6 +421,11 @@ class Limiter(BackendDriver):
             if isinstance(outcome, Reservation):
                 if outcome.starts_in > 0:
                     yield _Sleep(outcome.starts_in)
+                    if outcome.stale:  # a refusal since the booking: give it back, ask again
+                        op = outcome._release_op()
+                        if outcome._claim() and op is not None:
+                            self._settled((yield _Do(op, local=outcome.local)))
+                        continue
                 return outcome
             if outcome.never_fits:
                 raise AdmissionRejected(outcome)
@@ -443,7 +453,8 @@ class Limiter(BackendDriver):
         if wait is None:
             raise ValueError(f"pause seconds must be a number, got {until!r}")
         if wait > 0:
-            yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
+            done = yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
+            self._note_refused((scope,), done[0].until, done[2])
 
     def _governing(self, scope: str) -> str | None:
         """The nearest scope on ``scope``'s path (itself, then its ancestors) with limits.
@@ -510,8 +521,16 @@ class Limiter(BackendDriver):
             if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
         lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
-        if target is not None and (tightenings or lower):
-            yield _Do(ObserveOp(scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd))
+        # A refusal: the target records it, so that calls booked before it (in this
+        # process and, through the shared backend, in others) are admitted again.
+        refused = signal.kind in _REFUSALS
+        if target is not None and (tightenings or lower or refused):
+            op = ObserveOp(
+                scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd, refused=refused
+            )
+            done = yield _Do(op)
+            if refused:
+                self._note_refused((target,), done[0][1], done[2])
         if block is not None:
             yield _Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
 

@@ -62,6 +62,9 @@ class _Scope:
     factor: float = 1.0
     factor_since: float = 0.0
     last_decrease: float = -math.inf
+    # A refusal (429 observed, pause) said the provider has nothing before this time:
+    # a call booked to start earlier must not go (``Reservation.stale``).
+    refused_until: float = -math.inf
 
     def factor_at(self, now: float, aimd: AIMD) -> float:
         factor = effective_factor(self.factor, self.factor_since, now, aimd)
@@ -221,11 +224,14 @@ class MemoryBackend:
         wait = 0.0
         hard = 0.0  # the longest wait a booking cannot cover (pause, day, lease, block)
         blame: tuple[str, Dimension | None, str | None] | None = None
+        refused = -math.inf  # the latest refusal recorded in any of the plan's scopes
         for key in plan.scopes:
             state = scopes.get(key)
-            if state is not None and state.paused_until - now > wait:
-                wait = hard = state.paused_until - now
-                blame = (key, None, state.pause_reason)
+            if state is not None:
+                if state.paused_until - now > wait:
+                    wait = hard = state.paused_until - now
+                    blame = (key, None, state.pause_reason)
+                refused = max(refused, state.refused_until)
         wall: float | None = None
         # (check, state, slot, new value, rate of a bucket | index of a day window)
         staged: list[tuple[Check, _Scope, Any, float, float]] = []
@@ -238,6 +244,7 @@ class MemoryBackend:
                     scope=check.scope,
                     dimension=check.dimension,
                     never_fits=True,
+                    refused_until=refused,
                 )
             state = scopes.get(check.scope) or self._scope(check.scope)
             kind = check.kind
@@ -286,10 +293,12 @@ class MemoryBackend:
                 scope=scope,
                 dimension=dimension,
                 paused_reason=reason,
+                refused_until=refused,
             )
         if blame is not None:  # only bucket levels make it wait, within ``book``: booked
             _apply_booked(staged, amounts, now, wait, lease_id)
-            return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, wait))
+            booked = (True, now, 0.0, None, None, False, None, wait, refused)
+            return _new_tuple(AdmitResult, booked)
         for check, state, slot, value, extra in staged:
             if slot is None:
                 if lease_id is not None:
@@ -300,13 +309,15 @@ class MemoryBackend:
             else:
                 slot.count = value
                 slot.index = int(extra)
-        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0))
+        return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0, refused))
 
-    def _settle(self, op: SettleOp, now: float) -> float:
+    def _settle(self, op: SettleOp, now: float) -> tuple[float, float]:
         scopes = self._scopes
         since = max(now, op.starts_at)
+        refused = -math.inf
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
+            refused = max(refused, state.refused_until)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
@@ -327,18 +338,20 @@ class MemoryBackend:
         if lease_id is not None:
             for lease_scope in op.plan.lease_scopes:  # held in every scope with a limit
                 self._scope(lease_scope).leases.pop(lease_id, None)
-        return now
+        return now, refused
 
     def _pause(self, op: PauseOp, now: float) -> PauseResult:
         state = self._scope(op.scope)
         until = now + op.seconds
+        state.refused_until = max(state.refused_until, until)
         if until > state.paused_until:
             state.paused_until = until
             state.pause_reason = op.reason
         return PauseResult(now=now, until=state.paused_until)
 
-    def _observe(self, op: ObserveOp, now: float, wall: float) -> float:
+    def _observe(self, op: ObserveOp, now: float, wall: float) -> tuple[float, float]:
         state = self._scope(op.scope)
+        refused_until = now  # a refusal: nothing before its blocks' ends (at least now)
         if op.lower:
             factor, lowered = lowered_factor(
                 state.factor, state.factor_since, state.last_decrease, now, op.aimd
@@ -353,6 +366,7 @@ class MemoryBackend:
                 if t.remaining is not None and t.remaining < 1 and t.reset_after
                 else -math.inf
             )
+            refused_until = max(refused_until, block)
             if check.kind is CheckKind.BUCKET:
                 bucket = state.buckets.setdefault(name, Bucket())
                 rate = self._rate(check, state, now, op.aimd)
@@ -370,4 +384,6 @@ class MemoryBackend:
                     count = max(count, check.capacity - t.remaining)
                 day.count, day.index = count, index
                 day.blocked_until = max(day.blocked_until, block)
-        return state.factor_at(now, op.aimd)
+        if op.refused and refused_until > state.refused_until:
+            state.refused_until = refused_until
+        return state.factor_at(now, op.aimd), state.refused_until

@@ -1,16 +1,18 @@
 -- Learn from the provider for one scope: an AIMD decrease after a 429 nothing explains,
 -- and remaining/reset headers that resynchronise the state.
 -- KEYS[1]: the scope's state hash.  ARGV: lower (0|1), decrease, floor, recover_per_sec,
---   cooldown, then per tightening 8 values: field, kind (b|d), capacity, rate, scaled,
---   offset, remaining ('' if unknown), reset_after ('' if unknown).
--- Returns the scope's factor after the change.
+--   cooldown, refused (0|1), then per tightening 8 values: field, kind (b|d), capacity,
+--   rate, scaled, offset, remaining ('' if unknown), reset_after ('' if unknown).
+-- A refusal raises 'e' (refused until, see admit.lua) to the end of the longest block it
+-- states, at least now.  Returns {factor after the change, 'e'}.
 local h = KEYS[1]
 local lower = ARGV[1] == '1'
 local decrease, floor = tonumber(ARGV[2]), tonumber(ARGV[3])
 local recover, cooldown = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
 
-local head = redis.call('HMGET', h, 'f', 'fs', 'fd', 'x')
+local head = redis.call('HMGET', h, 'f', 'fs', 'fd', 'x', 'e')
+local refused, ru = ARGV[6] == '1', now
 local factor = factor_of(head[1], head[2], now, recover)
 local writes, ttl = {}, 0
 if lower then
@@ -22,7 +24,7 @@ if lower then
   end
 end
 
-local i = 6
+local i = 7
 while i <= #ARGV do
   local field, kind = ARGV[i], ARGV[i + 1]
   local capacity, rate = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
@@ -32,6 +34,7 @@ while i <= #ARGV do
   local block = nil
   if remaining ~= nil and remaining < 1 and reset ~= nil and reset > 0 then
     block = now + reset
+    ru = math.max(ru, block)
   end
   if kind == 'b' then
     local v = redis.call('HMGET', h, field .. ':l', field .. ':t', field .. ':b')
@@ -63,9 +66,15 @@ while i <= #ARGV do
   end
   i = i + 8
 end
+local e = num(head[5], 0)
+if refused and ru > e then
+  e = ru
+  writes[#writes + 1] = 'e'; writes[#writes + 1] = fmt(e)
+  ttl = math.max(ttl, e - now)
+end
 if #writes > 0 then
   local ms = extend(writes, head[4], now, ttl)
   redis.call('HSET', h, unpack(writes))
   if ms then redis.call('PEXPIRE', h, ms) end
 end
-return fmt(factor)
+return {fmt(factor), fmt(e)}

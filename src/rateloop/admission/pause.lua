@@ -3,10 +3,11 @@
 local now = clock()
 local seconds = tonumber(ARGV[1])
 local untl = now + seconds
-local v = redis.call('HMGET', KEYS[1], 'p', 'x')
+local v = redis.call('HMGET', KEYS[1], 'p', 'x', 'e')
 local old = num(v[1], 0)
 if old >= untl then return {fmt(now), fmt(old)} end
-local list = {'p', fmt(untl), 'pr', ARGV[2]}
+-- 'e' (refused until, see admit.lua): a start booked before the pause's end is void
+local list = {'p', fmt(untl), 'pr', ARGV[2], 'e', fmt(math.max(num(v[3], 0), untl))}
 local ms = extend(list, v[2], now, seconds)
 redis.call('HSET', KEYS[1], unpack(list))
 if ms then redis.call('PEXPIRE', KEYS[1], ms) end

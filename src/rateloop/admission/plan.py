@@ -379,7 +379,10 @@ class AdmitResult(NamedTuple):
     """What the backend decided.  ``now`` is the backend's time of the decision.
 
     A booked grant has ``starts_in`` > 0: the call may start that many seconds
-    after ``now``, not before.
+    after ``now``, not before.  ``refused_until``: the latest time before which
+    a refusal (a 429 observed, a pause) in any scope of the plan said the
+    provider has nothing (-inf if none the state remembers): a process learns
+    other processes' refusals from it (``Reservation.stale``).
 
     A NamedTuple rather than a frozen dataclass: one is built per admission and
     a tuple is four times cheaper to build; it is just as immutable.
@@ -393,10 +396,14 @@ class AdmitResult(NamedTuple):
     never_fits: bool = False
     paused_reason: str | None = None
     starts_in: float = 0.0
+    refused_until: float = -math.inf
 
 
 class SettleOp(NamedTuple):
     """Change bucket levels by ``deltas`` (negative: a refund); release the lease.
+
+    The backend answers ``(now, refused_until)``: its time, and the scopes' latest
+    ``refused_until`` (see :class:`AdmitResult`; -inf if none).
 
     ``checks`` (token buckets of ``plan``) and ``deltas`` run parallel; the
     lease, if ``lease_id`` is set, is held in every one of ``plan.lease_scopes``
@@ -416,7 +423,10 @@ class SettleOp(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PauseOp:
-    """Pause ``scope`` for ``seconds`` from the backend's now (never shortens a pause)."""
+    """Pause ``scope`` for ``seconds`` from the backend's now (never shortens a pause).
+
+    A pause is a refusal: booked starts before its end are void.
+    """
 
     scope: str
     seconds: float
@@ -440,9 +450,16 @@ class Tightening:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ObserveOp:
-    """Tighten state from provider headers; ``lower`` applies an AIMD decrease."""
+    """Tighten state from provider headers; ``lower`` applies an AIMD decrease.
+
+    ``refused``: the response was a refusal (a 429): the scope records that
+    the provider has nothing before the end of the longest block it states
+    (at least the backend's now); booked starts before it are void.  The
+    backend answers ``(factor, refused_until)``.
+    """
 
     scope: str
     tightenings: tuple[Tightening, ...] = field(default=())
     lower: bool = False
     aimd: AIMD = field(default_factory=AIMD)
+    refused: bool = False

@@ -477,12 +477,18 @@ class RedisBackend:
 
         def decode(reply: Any) -> AdmitResult:
             if reply.__class__ is int:  # granted: the server time in microseconds
-                granted = (True, reply / 1e6, 0.0, None, None, False, None, 0.0)
+                granted = (True, reply / 1e6, 0.0, None, None, False, None, 0.0, _NO_REFUSAL)
                 return _new_tuple(AdmitResult, granted)
-            if len(reply) == 3:  # booked: it starts ``reply[2]`` seconds ahead
-                booked = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, float(reply[2]))
+            kind = int(reply[0])
+            if kind == 2:  # granted while a refusal is in force
+                granted = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, 0.0,
+                           _refused(reply[2]))
+                return _new_tuple(AdmitResult, granted)
+            if kind == 1:  # booked: it starts ``reply[2]`` seconds ahead
+                booked = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None,
+                          float(reply[2]), _refused(reply[3]))
                 return _new_tuple(AdmitResult, booked)
-            _, now, wait, scope_i, field, never, paused, reason = reply
+            _, now, wait, scope_i, field, never, paused, reason = reply[:8]
             scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
             return AdmitResult(
                 granted=False,
@@ -492,6 +498,7 @@ class RedisBackend:
                 dimension=Dimension(field) if field else None,
                 never_fits=bool(int(never)),
                 paused_reason=str(reason) if int(paused) else None,
+                refused_until=_refused(reply[8]) if len(reply) > 8 else _NO_REFUSAL,
             )
 
         return _EncodedPlan(
@@ -525,12 +532,12 @@ class RedisBackend:
             args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.starts_at), lease_id]
             for rate, delta in zip(rates, deltas, strict=True):
                 args += [rate, _fmt(delta)]
-            return _Call(script, encoded.keys, args, _from_micros)
+            return _Call(script, encoded.keys, args, _settled)
         parts = [head, number(op.aimd.recover_per_second), bulk(repr(op.starts_at).encode())]
         parts.append(bulk(lease_id.encode()))
         for rate, delta in zip(rates, deltas, strict=True):
             parts += (bulk(rate), number(delta))
-        return _Call(script, encoded.keys, [], _from_micros, b"".join(parts))
+        return _Call(script, encoded.keys, [], _settled, b"".join(parts))
 
     def _settle_entry(
         self, encoded: _EncodedPlan, has_lease: bool
@@ -560,6 +567,7 @@ class RedisBackend:
             _fmt(a.floor),
             _fmt(a.recover_per_second),
             _fmt(a.cooldown),
+            "1" if op.refused else "0",
         ]
         for t in op.tightenings:
             c = t.check
@@ -573,11 +581,28 @@ class RedisBackend:
                 "" if t.remaining is None else _fmt(t.remaining),
                 "" if t.reset_after is None else _fmt(t.reset_after),
             ]
-        return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, float)
+        return _Call(self._scripts["observe"], [self._key("s", op.scope)], args, _observed)
 
 
-def _from_micros(reply: int) -> float:
-    return reply / 1e6
+_NO_REFUSAL = float("-inf")
+
+
+def _refused(text: Any) -> float:
+    """A script's ``refused_until`` ('0': none in force)."""
+    value = float(text)
+    return value if value > 0.0 else _NO_REFUSAL
+
+
+def _settled(reply: Any) -> tuple[float, float]:
+    """settle.lua's answer: ``(now, refused_until)``."""
+    if reply.__class__ is int:
+        return reply / 1e6, _NO_REFUSAL
+    return int(reply[0]) / 1e6, _refused(reply[1])
+
+
+def _observed(reply: Any) -> tuple[float, float]:
+    """observe.lua's answer: ``(factor, refused_until)``."""
+    return float(reply[0]), _refused(reply[1])
 
 
 def _constant(check: Check) -> float:

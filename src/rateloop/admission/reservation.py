@@ -176,6 +176,26 @@ class Reservation:
         return self.plan.lease_scopes
 
     @property
+    def stale(self) -> bool:
+        """A *booked* start that a refusal since made void: do not send it, admit again.
+
+        The provider refused a call meanwhile (another client of the key took
+        capacity, say) and said it has nothing before a time -- the pause it
+        asked for, or the reset of a bucket it reported empty -- later than this
+        reservation's start.  Sent, the call would be refused and would spend a
+        slot at the provider, pushing the deficit on to the next booked start;
+        given back (``release``) and admitted again, it waits out the refusal
+        and books behind the schedule, while the bookings after that time keep
+        their starts.  The check reads only what this process
+        knows (no round trip): its own refusals, and other processes' as the
+        shared backend reported them with this process's admissions and settles.
+        """
+        if self.starts_in <= 0.0:
+            return False
+        start = self.granted_at + self.starts_in
+        return self._limiter._refused_before(self.plan.scopes, start, self.local)
+
+    @property
     def done(self) -> bool:
         """True once settled or released."""
         return self._done
