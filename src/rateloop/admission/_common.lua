@@ -66,6 +66,20 @@ local function extend(list, x, now, seconds)
   return math.ceil((untl - now) * 1000)
 end
 
+-- Write the field/value pairs `...` to the state hash k, which must live `seconds` more;
+-- `x` is when it expires now (its 'x' field).  The TTL is set, SLACK longer than needed,
+-- only when the key would expire too early (never shortened): most writes are one HSET.
+local function write_state(k, x, now, seconds, ...)
+  local need = now + math.max(0, seconds) + 1
+  if num(x, 0) >= need then
+    redis.call('HSET', k, ...)
+  else
+    local untl = need + SLACK
+    redis.call('HSET', k, 'x', fmt(untl), ...)
+    redis.call('PEXPIRE', k, math.ceil((untl - now) * 1000))
+  end
+end
+
 -- Make a key (a lease set) live at least `seconds` more (never shortens).
 local function keep(key, seconds)
   local ms = math.ceil(math.max(0, seconds) * 1000) + 1000

@@ -142,14 +142,7 @@ do
   ttl = math.max(ttl, fi$i - now, bl$i - now)
 
 --@write_close
-  local need = now + math.max(0, ttl) + 1
-  if num(v$s[2], 0) >= need then
-    redis.call('HSET', k$s$pairs)
-  else
-    local untl = need + SLACK
-    redis.call('HSET', k$s$pairs, 'x', fmt(untl))
-    redis.call('PEXPIRE', k$s, math.ceil((untl - now) * 1000))
-  end
+  write_state(k$s, v$s[2], now, ttl$pairs)
 end
 
 --@write_lease

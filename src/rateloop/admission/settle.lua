@@ -48,16 +48,7 @@ do
 end
 
 --@write
-do
-  local need = now + math.max(0, ttl$s) + 1
-  if num(v$s[1], 0) >= need then
-    redis.call('HSET', k$s$pairs)
-  else
-    local untl = need + SLACK
-    redis.call('HSET', k$s$pairs, 'x', fmt(untl))
-    redis.call('PEXPIRE', k$s, math.ceil((untl - now) * 1000))
-  end
-end
+write_state(k$s, v$s[1], now, ttl$s$pairs)
 
 --@lease
 redis.call('ZREM', KEYS[$z], ARGV[3])
