@@ -10,7 +10,6 @@ at once and in others as the shared backend reports it with their next admission
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from rateloop import AsyncRateLoop, Cost, Route
+from _vfleet import run_fleet
+from rateloop import Cost, Route
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.events import CapacityEvent, DecisionKind
 from rateloop.loop import RateLoop
 from rateloop.policy import Policy
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
-from rateloop.testing import FakeClock, FakeProvider, FakeRequest
+from rateloop.testing import FakeClock
 
 MODEL = "openai:fake-model"
 ROUTE = Route(provider="openai", model="fake-model")
@@ -94,48 +94,9 @@ def test_reserve_admits_a_void_booking_again() -> None:
 def _fleet(foreign: int, seed: int) -> tuple[int, int]:
     """30 tasks × 4 calls, paced at the provider's rate; another client takes ``foreign``
     request slots at t = 3 s.  Returns (served, refused) of this fleet's requests."""
-    from rateloop.sim.vtime import VirtualClock, run_virtual
-
-    async def main() -> tuple[int, int]:
-        clock = VirtualClock()
-        provider = FakeProvider(
-            profile="openai",
-            rpm=1_200,
-            tpm=1_200_000,
-            burst_seconds=2,
-            latency=0.5,
-            refusal_latency=0.01,
-            clock=clock,
-        )
-        rng = random.Random(seed)
-        limits = {MODEL: LimitSpec(requests_per_minute=1_200, tokens_per_minute=1_200_000)}
-        limiter = Limiter(limits=limits, clock=clock, rng=random.Random(seed))
-        loop = AsyncRateLoop(Policy(), limiter=limiter, clock=clock, rng=rng.random)
-        gate = asyncio.Semaphore(30)
-
-        async def attempt(_route: Route) -> Any:
-            return await provider.arespond(
-                FakeRequest(input_tokens=500, max_tokens=400, output_tokens=240)
-            )
-
-        async def task() -> None:
-            async with gate:
-                for _ in range(4):
-                    out = await loop.call(
-                        attempt, route=ROUTE, cost=Cost(input_tokens=500, output_tokens=400)
-                    )
-                    assert out.ok
-
-        async def other_client() -> None:
-            await clock.asleep(3.0)
-            bucket = provider._buckets["requests"]
-            bucket.refill(clock.monotonic())
-            bucket.take(foreign)
-
-        await asyncio.gather(*(task() for _ in range(30)), other_client())
-        return provider.stats.served, provider.stats.refused
-
-    return run_virtual(main())
+    limits = {MODEL: LimitSpec(requests_per_minute=1_200, tokens_per_minute=1_200_000)}
+    provider = run_fleet(ROUTE, seed=seed, limits=limits, foreign=foreign)
+    return provider.stats.served, provider.stats.refused
 
 
 @pytest.mark.parametrize(("foreign", "seed"), [(2, 0), (2, 1), (3, 2)])

@@ -13,19 +13,18 @@ the jitter of a real machine):
 
 from __future__ import annotations
 
-import asyncio
 import random
-from typing import Any
 
 import pytest
 
-from rateloop import AsyncRateLoop, Cost, Route
+from _vfleet import run_fleet
+from rateloop import Route
 from rateloop._flow import ARRIVAL_SLACK_SECS
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.loop import RateLoop
 from rateloop.policy import Policy
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
-from rateloop.testing import FakeClock, FakeProvider, FakeRequest, FaultScript
+from rateloop.testing import FakeClock, FaultScript
 
 MODEL = "openai:fake-model"
 ROUTE = Route(provider="openai", model="fake-model")
@@ -83,41 +82,6 @@ def test_a_zero_config_fleet_with_late_requests_draws_no_429(seed: int) -> None:
     error from the provider's, the first late request was refused, and the booked
     starts after it were refused in a cascade (0.07-0.11 429s per success).
     """
-    from rateloop.sim.vtime import VirtualClock, run_virtual
-
-    async def main() -> FakeProvider:
-        clock = VirtualClock()
-        provider = FakeProvider(
-            profile="openai",
-            rpm=1_200,
-            tpm=1_200_000,
-            burst_seconds=2,
-            latency=0.5,
-            refusal_latency=0.01,
-            clock=clock,
-        )
-        rng = random.Random(seed)
-        limiter = Limiter(clock=clock, rng=random.Random(seed))
-        loop = AsyncRateLoop(Policy(), limiter=limiter, clock=clock, rng=rng.random)
-        gate = asyncio.Semaphore(30)
-
-        async def attempt(_route: Route) -> Any:
-            await asyncio.sleep(rng.uniform(0.0, 0.03))  # the request's transit
-            return await provider.arespond(
-                FakeRequest(input_tokens=500, max_tokens=400, output_tokens=240)
-            )
-
-        async def task() -> None:
-            async with gate:
-                for _ in range(4):
-                    out = await loop.call(
-                        attempt, route=ROUTE, cost=Cost(input_tokens=500, output_tokens=400)
-                    )
-                    assert out.ok
-
-        await asyncio.gather(*(task() for _ in range(30)))
-        return provider
-
-    provider = run_virtual(main())
+    provider = run_fleet(ROUTE, seed=seed, transit=0.03)
     assert provider.stats.served == 120
     assert provider.stats.refused == 0
