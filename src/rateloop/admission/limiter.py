@@ -14,48 +14,31 @@ default) or falls back to a per-process memory limiter holding
 ``local_share`` of every limit (``"local"``) -- N processes that all fall
 back then admit at most ``N × local_share`` of a limit.  It tries the shared
 backend again after :data:`LOCAL_RETRY_SECONDS` (``_driver.py``).
+
+The limits in force (configured and learned), the plans built from them and
+the flows behind ``observe`` and ``pause`` (learning from the provider) are in
+:class:`~rateloop.admission._known.KnownLimits` (``_known.py``), the base of
+:class:`Limiter`; this module holds construction and admission.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import itertools
 import math
 import random
 import secrets
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
-from rateloop.admission._driver import (
-    LOCAL_RETRY_SECONDS,
-    BackendDriver,
-    _Do,
-    _Done,
-    _Flow,
-    _Sleep,
-)
+from rateloop.admission._driver import LOCAL_RETRY_SECONDS, _Do, _Done, _Flow, _Sleep
+from rateloop.admission._known import KnownLimits
 from rateloop.admission.backend import Backend, backend_from_url
 from rateloop.admission.gcra import AIMD, pause_spread
-from rateloop.admission.learning import Learned, LearnedOp, path, tightened
-from rateloop.admission.memory import MemoryBackend
-from rateloop.admission.plan import (
-    AdmitOp,
-    AdmitPlan,
-    AdmitResult,
-    Check,
-    CheckKind,
-    ObserveOp,
-    PauseOp,
-    Priority,
-    Tightening,
-    build_checks,
-)
-from rateloop.admission.profile import AccountingProfile, profile_for
+from rateloop.admission.plan import AdmitOp, AdmitResult, Check, Priority
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -63,9 +46,8 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.spec import LimitSpec
-from rateloop.admission.subscription import subscription_block
 from rateloop.route import Cost, Route
-from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
+from rateloop.signal import LimitSignal, clamp_wait
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
@@ -80,19 +62,11 @@ MAX_BOOK_SECONDS = 3600.0
 T = TypeVar("T")
 
 
-
-_NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
 _NO_REFUSAL = -math.inf
-#: Signals that say the provider refused a call for capacity (recorded as a refusal).
-_REFUSALS = frozenset({Kind.TEMPORARY, Kind.PERIOD_QUOTA})
-_NO_SPEC = LimitSpec()
-_PLAN_CACHE_SIZE = 4096
-_PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 _new_tuple = tuple.__new__
 
 
-
-class Limiter(BackendDriver):
+class Limiter(KnownLimits):
     """Admission across requests, tokens, day quotas and concurrency of every scope.
 
     >>> from rateloop.testing import FakeClock
@@ -114,16 +88,13 @@ class Limiter(BackendDriver):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(
-            backend, clock=clock, on_unreachable=on_unreachable, local_share=local_share
+            backend,
+            clock=clock,
+            on_unreachable=on_unreachable,
+            local_share=local_share,
+            aimd=aimd,
         )
-        self.aimd = aimd or AIMD()
         self._rng = rng or random.Random()
-        self._limits: dict[str, LimitSpec] = {}
-        self._learned_shared = not isinstance(self._backend, MemoryBackend)
-        self._learned = Learned(self._limits.__contains__, shared=self._learned_shared)
-        self._plans: dict[tuple[Route, Priority], AdmitPlan] = {}
-        self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
-        self._generation = 0
         # Lease ids: unique across processes (random prefix), cheap within one.
         self._lease_prefix = secrets.token_hex(6) + "-"
         self._lease_counter = itertools.count()
@@ -197,96 +168,6 @@ class Limiter(BackendDriver):
     def backend(self) -> Backend:
         return self._backend
 
-    # -- configuration --------------------------------------------------------------
-
-    def set_limits(self, scope: str, spec: LimitSpec | None) -> None:
-        """Configure (or with ``None`` remove) the limits of ``scope``."""
-        if not isinstance(scope, str) or not scope:
-            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
-        if spec is not None and not isinstance(spec, LimitSpec):
-            raise TypeError(f"limits for {scope!r} must be a LimitSpec, got {spec!r}")
-        with self._lock:
-            if spec is None:
-                self._limits.pop(scope, None)
-            else:
-                self._limits[scope] = spec
-            self._forget_plans()
-
-    def profile_of(self, scope: str) -> AccountingProfile:
-        """How the provider of ``scope`` charges usage: the nearest scope's ``profile``
-        setting on its path, else the profile of its provider (the first part)."""
-        for candidate in path(scope):
-            spec = self.limits_for(candidate)
-            if spec is not None and spec.profile is not None:
-                return profile_for(scope, spec.profile)
-        return profile_for(scope.split(":", 1)[0])
-
-    def limits_for(self, scope: str) -> LimitSpec | None:
-        """The limits in force in ``scope``: configured, else learned from headers, else None.
-
-        Without a configured ``burst``, the burst learned from the provider's
-        headers (its bucket, when it holds less than a minute) is the spec's
-        ``burst``; without either, the profile's pacing applies.
-        """
-        spec = self._limits.get(scope) or self._learned.specs.get(scope)
-        if spec is not None and spec.burst is None:
-            burst = self._learned.burst(scope)
-            if burst is not None:
-                return replace(spec, burst=burst)
-        return spec
-
-    @property
-    def limits(self) -> Mapping[str, LimitSpec]:
-        """The configured limits (a copy)."""
-        return dict(self._limits)
-
-    def _plan(self, route: Route, priority: str | Priority) -> AdmitPlan:
-        """The checks of a route at a priority, built once and cached.
-
-        The plan does not depend on the cost, so a loop whose estimates change
-        on every call still finds it.  The same call again is recognised by
-        identity -- the route and the priority argument as given -- which
-        skips hashing the route and parsing the priority.  ``_last_plan`` is
-        replaced only under ``_lock`` and checked against the generation
-        there, so a plan built from limits that changed meanwhile is never
-        remembered.
-        """
-        last = self._last_plan
-        if last[0] is route and last[1] is priority:
-            return last[2]
-        prio = _PRIORITIES.get(priority) or Priority.parse(priority)
-        key = (route, prio)
-        plan = self._plans.get(key)
-        generation = self._generation
-        if plan is None:
-            scopes = route.scopes
-            specs = [(scope, self.limits_for(scope)) for scope in scopes]
-            profile = self.profile_of(scopes[-1])
-            checks: list[Check] = []
-            for scope, spec in specs:
-                if spec is not None:
-                    checks.extend(build_checks(scope, spec, prio, profile))
-            plan = AdmitPlan(scopes, tuple(checks), prio, profile)
-            # Something can be learned: limits (nothing configured on the route) or
-            # the provider's burst (a configured scope without ``burst``).
-            configured = [self._limits[s] for s in scopes if s in self._limits]
-            plan.learnable = not configured or any(c.burst is None for c in configured)
-        with self._lock:
-            if generation != self._generation:  # limits changed meanwhile
-                return plan
-            if len(self._plans) >= _PLAN_CACHE_SIZE:
-                self._plans.clear()
-            self._plans[key] = plan
-            self._last_plan = (route, priority, plan)
-        return plan
-
-    def _forget_plans(self) -> None:
-        """Limits changed: cached plans are stale.  Call with ``_lock`` held."""
-        self._learned.forget_schedule()
-        self._generation += 1
-        self._plans.clear()
-        self._last_plan = (None, None, _NO_PLAN)
-
     # -- flows: the algorithm, written once ----------------------------------------------
 
     def _admit_op(self, route: Route, cost: Cost, priority: str | Priority) -> AdmitOp | Denied:
@@ -343,22 +224,6 @@ class Limiter(BackendDriver):
             )
             return self._never_fits(ran.plan.checks[i], ran.amounts[i])
         return self._denied(result)
-
-    def _refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
-        """On a shared backend: read what other processes learned, when due.
-
-        Only routes that can learn something ask (``plan.learnable``, known
-        from the cached plan without hashing the route): limits where none
-        are configured, the provider's burst where no ``burst`` is.
-        """
-        if not self._plan(route, priority).learnable:
-            return None
-        return self._learned.refresh_op(route, self._clock.monotonic())
-
-    def _adopt(self, done: _Done) -> None:
-        if self._learned.apply(done[0]):
-            with self._lock:
-                self._forget_plans()
 
     def _admit_flow(
         self,
@@ -437,103 +302,6 @@ class Limiter(BackendDriver):
                     retry_at=self._clock.now() + timedelta(seconds=wait),
                 )
             yield _Sleep(wait)
-
-    def _pause_flow(self, scope: str, until: datetime | float, reason: str) -> _Flow[None]:
-        if not isinstance(scope, str) or not scope:
-            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
-        if isinstance(until, datetime):
-            if until.tzinfo is None:
-                raise ValueError(f"pause until must be timezone-aware, got {until!r}")
-            seconds = (until - self._clock.now()).total_seconds()
-        elif isinstance(until, int | float) and not isinstance(until, bool):
-            seconds = float(until)
-        else:
-            raise TypeError(f"pause until must be a datetime or seconds, got {until!r}")
-        wait = clamp_wait(seconds)
-        if wait is None:
-            raise ValueError(f"pause seconds must be a number, got {until!r}")
-        if wait > 0:
-            done = yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
-            self._note_refused((scope,), done[0].until, done[2])
-
-    def _governing(self, scope: str) -> str | None:
-        """The nearest scope on ``scope``'s path (itself, then its ancestors) with limits.
-
-        The loop observes on a route's provider scope (``provider:model[:project]``)
-        while the limits may be configured on a broader scope; what the provider
-        said is about the limit that governs the call, so it applies there.
-        """
-        for candidate in path(scope):
-            if self.limits_for(candidate) is not None:
-                return candidate
-        return None
-
-    def _observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> _Flow[None]:
-        """Resynchronise the governing scope's state with what the provider said.
-
-        Header truth over guesswork: ``remaining``/``reset`` headers set the
-        state of the dimensions they name, on every observed response.  The
-        AIMD decrease applies only to a 429 that nothing explains -- no
-        header told the state of a limit we govern, and no limit was just
-        learned from it (the 429 that taught a limit is not a reason to go
-        slower than that limit).
-        """
-        if not isinstance(scope, str) or not scope:
-            raise ValueError(f"scope must be a non-empty string, got {scope!r}")
-        block: float | None = None
-        if isinstance(source, LimitSignal):
-            signal = source
-        else:
-            signal = _signal_from_headers(source, self._clock.now())
-            block = subscription_block(source, self._clock.now())
-        store = self._learned.learn(scope, signal)
-        learned = store is not None
-        if learned:
-            with self._lock:
-                self._forget_plans()
-            if self._learned_shared:
-                yield _Do(store)
-        target = self._governing(scope)
-        if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
-            # The provider's bucket is short (or shorter than known): the target's
-            # buckets take its capacity -- their levels stay, so a larger capacity
-            # credits the difference, the headroom the provider has on top.
-            if self._limits.get(target, _NO_SPEC).burst is None:
-                with self._lock:
-                    self._forget_plans()
-            if self._learned_shared:
-                yield _Do(burst_op)
-        spec = self.limits_for(target) if target is not None else None
-        by_dimension: dict[Dimension, Check] = {}
-        if target is not None and spec is not None:
-            for check in build_checks(target, spec, profile=self.profile_of(scope)):
-                by_dimension[check.dimension] = check
-        held = self._learned.burst(target) if target is not None else None
-        tightenings = tuple(
-            Tightening(
-                check=by_dimension[d],
-                remaining=o.remaining,
-                reset_after=_next_unit(o, held, by_dimension[d]),
-            )
-            for o in signal.observed
-            if o.remaining is not None or o.reset_after is not None
-            for d in tightened(o)
-            if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
-        )
-        lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
-        # A refusal: the target records it, so that calls booked before it (in this
-        # process and, through the shared backend, in others) are admitted again.
-        refused = signal.kind in _REFUSALS
-        if target is not None and (tightenings or lower or refused):
-            op = ObserveOp(
-                scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd, refused=refused
-            )
-            done = yield _Do(op)
-            if refused:
-                self._note_refused((target,), done[0][1], done[2])
-        if block is not None:
-            yield _Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
-
 
     # -- the public twins -------------------------------------------------------------------------
 
@@ -632,9 +400,7 @@ class Limiter(BackendDriver):
         deadline: datetime | float | None = None,
     ) -> Reservation:
         """Await capacity; see :meth:`reserve`."""
-        return await self._adrive(
-            self._reserve_flow(route, cost, priority, self._until(deadline))
-        )
+        return await self._adrive(self._reserve_flow(route, cost, priority, self._until(deadline)))
 
     def _until(self, deadline: datetime | float | None) -> float | None:
         """A deadline (aware datetime, or seconds from now) on the monotonic clock."""
@@ -699,33 +465,3 @@ def _book_seconds(within: object) -> float:
     ):
         raise ValueError(f"book_within must be seconds >= 0 (or None), got {within!r}")
     return min(float(within), MAX_BOOK_SECONDS)
-
-
-def _next_unit(o: Observed, held: float | None, check: Check) -> float | None:
-    """The reset that blocks ``check`` when the provider has nothing ``remaining``.
-
-    A provider's ``reset`` is when its bucket is *full* again.  Without more
-    knowledge that is when it admits again (a window that resets whole).  When
-    its bucket is known to be a short, continuously refilled one (``held``,
-    the learned burst), it admits its next unit one unit's refill after it
-    was empty: ``reset`` less the bucket's length, plus ``1 / rate`` -- the
-    level resync already holds that much, so the scope is not blocked for the
-    whole refill while the provider admits again at its rate.
-    """
-    reset = o.reset_after
-    if (
-        reset is None
-        or held is None
-        or check.kind is not CheckKind.BUCKET
-        or o.remaining is None
-        or o.remaining >= 1
-    ):
-        return reset
-    rate = o.limit / 60.0 if o.limit is not None and o.limit >= 1 else check.rate
-    return max(0.0, reset - held * 60.0 + 1.0 / rate) if rate > 0 else reset
-
-
-def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:
-    # Imported here: Read (classify) is a sibling stage, loaded only when used.
-    classify = importlib.import_module("rateloop.classify").classify
-    return cast(LimitSignal, classify(200, headers, b"", now=now))
