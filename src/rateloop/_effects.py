@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from rateloop.admission.profile import reports_tokens
 from rateloop.integrations.sdk import sdk_retries_taken
 from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
@@ -125,22 +126,7 @@ def usage_of(result: Returned | Raised) -> Any | None:
             body = None
         if isinstance(body, dict):
             usage = body.get("usage") or body.get("usageMetadata")
-    if usage is None or not _reports_tokens(usage):
+    if usage is None or not reports_tokens(usage):
         return None
     return usage
 
-
-_TOKEN_FIELDS = (
-    "input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount", "inputTokens",
-    "output_tokens", "completion_tokens", "candidates_token_count", "candidatesTokenCount",
-    "outputTokens",
-)
-
-
-def _reports_tokens(usage: Any) -> bool:
-    """Whether ``usage`` carries at least one integer token count."""
-    for name in _TOKEN_FIELDS:
-        value = usage.get(name) if isinstance(usage, dict) else getattr(usage, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return True
-    return False

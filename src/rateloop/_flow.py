@@ -285,8 +285,8 @@ class _BaseRateLoop:
                     if isinstance(limiter, Limiter):  # book a start it can afford
                         left = budget.time_left(clock.monotonic())
                         afford = policy.pause_limit_secs if left is None else left
-                        # A booked call does not see a pause set while it sleeps, so the
-                        # loop books only a short way ahead; a longer wait polls as before.
+                        # Bookings stay a short way ahead (a few seconds of pacing); a
+                        # longer wait polls as before.
                         afford = max(0.0, min(afford, policy.pause_limit_secs, BOOK_HORIZON_SECS))
                         args = (route, spec.cost, spec.priority, afford)
                         granted = yield LimiterCall(limiter, "try_book", args)

@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "INPUT_FIELDS",
+    "OUTPUT_FIELDS",
     "PROFILES",
     "AccountingProfile",
     "default_burst",
     "profile_for",
+    "reports_tokens",
     "usage_charge",
 ]
 
@@ -122,12 +125,31 @@ def default_burst(profile: AccountingProfile) -> float:
     return profile.quantum_secs / 60.0
 
 
-def _field(usage: Any, *names: str) -> int:
+#: Where a usage reports its input and output tokens: OpenAI, Anthropic, google-genai's
+#: attributes and Gemini's REST (camelCase), Bedrock.
+INPUT_FIELDS = ("input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount",
+                "inputTokens")
+OUTPUT_FIELDS = ("output_tokens", "completion_tokens", "candidates_token_count",
+                 "candidatesTokenCount", "outputTokens")
+
+
+def _count(usage: Any, *names: str) -> int | None:
+    """The first of ``names`` that ``usage`` (an object or its JSON) holds as an integer."""
     for name in names:
         value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    return 0
+    return None
+
+
+def _field(usage: Any, *names: str) -> int:
+    count = _count(usage, *names)
+    return 0 if count is None else count
+
+
+def reports_tokens(usage: Any) -> bool:
+    """Whether ``usage`` carries at least one input or output token count."""
+    return _count(usage, *INPUT_FIELDS, *OUTPUT_FIELDS) is not None
 
 
 def _nested(usage: Any, outer: str, inner: str) -> int:
@@ -153,18 +175,8 @@ def usage_charge(profile: AccountingProfile, usage: Any) -> tuple[int, int]:
     ...     "prompt_tokens_details": {"cached_tokens": 800}})
     (900, 7)
     """
-    output = _field(
-        usage,
-        "output_tokens",
-        "completion_tokens",
-        "candidates_token_count",
-        "candidatesTokenCount",
-        "outputTokens",
-    )
-    inp = _field(
-        usage, "input_tokens", "prompt_tokens", "prompt_token_count", "promptTokenCount",
-        "inputTokens",
-    )
+    output = _field(usage, *OUTPUT_FIELDS)
+    inp = _field(usage, *INPUT_FIELDS)
     writes = _field(usage, "cache_creation_input_tokens", "cacheWriteInputTokens")
     reads = _field(usage, "cache_read_input_tokens", "cacheReadInputTokens")
     # Anthropic and Bedrock report cache reads and writes next to an input count that
