@@ -102,21 +102,24 @@ def exchange(conn: Any, script: Script, packed: bytes, timeout: float | None) ->
     try:
         conn.send_packed_command([packed])
         try:
-            if timeout is None:
-                return conn.read_response()
-            return conn.read_response(timeout=max(timeout, 0.001))
+            return _read(conn, timeout)
         except NoScriptError:
             # Not in this server's cache yet (a fresh or restarted server): EVAL
             # sends the text and caches it, so the next EVALSHA finds it.
             conn.send_packed_command([as_eval(script, packed)])
-            if timeout is None:
-                return conn.read_response()
-            return conn.read_response(timeout=max(timeout, 0.001))
+            return _read(conn, timeout)
     except (TimeoutError, redis.TimeoutError) as exc:
         conn.disconnect()  # its answer may still come: never reuse the connection
         if timeout is None:
             raise
         raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+
+
+def _read(conn: Any, timeout: float | None) -> Any:
+    """The answer on ``conn``, within ``timeout`` when one is given."""
+    if timeout is None:
+        return conn.read_response()
+    return conn.read_response(timeout=max(timeout, 0.001))
 
 
 class AsyncLane:

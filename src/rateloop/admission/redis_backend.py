@@ -129,6 +129,12 @@ class _Call(NamedTuple):
     decode: Callable[[Any], Any]
     packed: bytes | None = None
 
+    def packed_command(self) -> bytes:
+        """The ``EVALSHA`` command in the Redis protocol: as encoded, or packed now."""
+        if self.packed is not None:
+            return self.packed
+        return pack(b"EVALSHA", self.script.sha.encode(), self.keys, self.args)
+
 
 class _EncodedPlan(NamedTuple):
     """What a plan encodes to, whatever the cost (cached per plan).
@@ -297,9 +303,7 @@ class RedisBackend:
                 # Not in this server's cache yet (a fresh or restarted server): EVAL
                 # sends the text and caches it, so the next EVALSHA finds it.
                 return client.eval(text, len(call.keys), *call.keys, *call.args)
-        packed = call.packed
-        if packed is None:
-            packed = pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+        packed = call.packed_command()
         # The lane if no other thread is using it, else a connection from the pool.
         if self._lane_lock.acquire(False):
             try:
@@ -343,12 +347,8 @@ class RedisBackend:
                 except NoScriptError:
                     return await client.eval(text, len(keys), *keys, *args)
 
-            if timeout is None:
-                return await run()
-            return await asyncio.wait_for(run(), max(timeout, 0.001))
-        packed = call.packed
-        if packed is None:
-            packed = pack(b"EVALSHA", call.script.sha.encode(), call.keys, call.args)
+            return await bounded(run(), timeout)
+        packed = call.packed_command()
         if not entry.busy:  # the lane, if no other task of this loop is using it
             entry.busy = True
             try:
