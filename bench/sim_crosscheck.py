@@ -120,8 +120,19 @@ async def _create_raw(client: openai.AsyncOpenAI, call: CallSpec) -> Any:
     )
 
 
-def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | None = None) -> Any:
-    """``async call(spec) -> bool`` for a real client.
+#: The warm-up request of each real client process, sent before the clock starts.
+WARM_UP = CallSpec(input_tokens=1, max_tokens=1, output_tokens=1)
+
+
+def make_real_caller(strategy: str, url: str, sc: Scenario,
+                     redis_prefix: str | None = None) -> tuple[Any, Any]:
+    """``(async call(spec) -> bool, async warm_up())`` for a real client.
+
+    ``warm_up`` sends one request through the client's own HTTP stack (not
+    through any retry layer or limiter): a fresh process's first request
+    pays for lazy imports, model building and a TCP connect (measured here:
+    45-125 ms), so without it the first call of a real run lands late while
+    the provider's bucket is full -- refill the simulated run does not lose.
 
     With ``redis_prefix``, the ``rateloop`` strategy's limiter keeps its state
     in the Redis on 127.0.0.1 under that prefix: several callers built with
@@ -137,7 +148,7 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
                 return False
             return True
 
-        return sdk
+        return sdk, lambda: _create(client, WARM_UP)
     if strategy == "immediate":
         client = _client(url, 0)
 
@@ -150,7 +161,7 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
                 return True
             return False
 
-        return immediate
+        return immediate, lambda: _create(client, WARM_UP)
     if strategy == "tenacity":
         import tenacity
 
@@ -169,7 +180,7 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
                 return False
             return True
 
-        return with_tenacity
+        return with_tenacity, lambda: _create(client, WARM_UP)
     if strategy in ("rateloop", "rateloop-zero"):
         client = _client(url, 0)
         route = Route(provider="openai", model="sim-model")
@@ -188,24 +199,27 @@ def make_real_caller(strategy: str, url: str, sc: Scenario, redis_prefix: str | 
                 input_tokens=call.input_tokens, output_tokens=call.max_tokens))
             return outcome.ok
 
-        return with_rateloop
+        return with_rateloop, lambda: _create_raw(client, WARM_UP)
     if strategy == "litellm":
         import litellm
 
         litellm.suppress_debug_info = True
 
+        def complete(call: CallSpec, retries: int) -> Any:
+            return litellm.acompletion(
+                model="openai/sim-model", api_base=url + "/v1", api_key="fake",
+                messages=MESSAGES, max_tokens=call.max_tokens, num_retries=retries,
+                extra_headers=_headers(call),
+            )
+
         async def with_litellm(call: CallSpec) -> bool:
             try:
-                await litellm.acompletion(
-                    model="openai/sim-model", api_base=url + "/v1", api_key="fake",
-                    messages=MESSAGES, max_tokens=call.max_tokens, num_retries=2,
-                    extra_headers=_headers(call),
-                )
+                await complete(call, 2)
             except Exception:  # LiteLLM maps to its own exception classes
                 return False
             return True
 
-        return with_litellm
+        return with_litellm, lambda: complete(WARM_UP, 0)
     raise ValueError(f"no real client for strategy {strategy!r}")
 
 
@@ -213,7 +227,8 @@ async def _client_tasks(strategy: str, url: str, sc: Scenario, group: int,
                         redis_prefix: str | None, ready: Any, go: Any,
                         start_at: Any) -> list[tuple[int, TaskResult]]:
     """One client process: its share of the tasks (``group``), timed from the common start."""
-    caller = make_real_caller(strategy, url, sc, redis_prefix)
+    caller, warm_up = make_real_caller(strategy, url, sc, redis_prefix)
+    await warm_up()  # the parent resets the provider once every process is ready
     mine = [(i, t) for i, t in enumerate(sc.workload.tasks) if t.group % sc.processes == group]
     ready.release()
     while not go.is_set():  # the clock starts when every process is ready
