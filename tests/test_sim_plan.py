@@ -16,28 +16,58 @@ def test_openai_tokens_bind_and_the_target_needs_both_limits_raised() -> None:
     plan = plan_capacity(WORK, FakeLimits(rpm=60, tpm=40_000, burst_seconds=5), latency=2.0,
                          target_secs=120)
     # tokens: 200 × 1000 = 200,000; rate 666.67/s, burst 3,333.3 -> (200,000 - 3,333.3) / 666.67
-    assert plan.completion_secs == pytest.approx(295.0)
+    # = 295 s until the last call is admitted, and its answer takes 2 s more
+    assert plan.completion_secs == pytest.approx(297.0)
     assert plan.binding == "tokens per minute (tpm)"
     rpm, tpm = plan.dimensions
-    assert (rpm.demand, rpm.seconds) == (200.0, pytest.approx(195.0))  # (200 - 5) / 1
+    assert (rpm.demand, rpm.seconds) == (200.0, pytest.approx(197.0))  # (200 - 5) / 1 + 2
     assert tpm.per_call == 1000.0
     # λ = min(1 request/s, 666.67 / 1000 calls/s) = 0.6667/s = 40/min; × 2 s = 1.33 -> 2
     assert plan.calls_per_minute == pytest.approx(40.0)
     assert plan.useful_concurrency == 2
-    # L >= 60 × D / (T + burst): 60 × 200,000 / 125 = 96,000 and 60 × 200 / 125 = 96
-    assert (rpm.needed_for_target, tpm.needed_for_target) == (96, 96_000)
+    # L >= 60 × D / (T - latency + burst): 60 × 200,000 / 123 = 97,560.98 and 60 × 200 / 123
+    assert (rpm.needed_for_target, tpm.needed_for_target) == (98, 97_561)
     assert plan.target_feasible is True
-    assert "rpm 60 -> 96 (×1.60), tpm 40,000 -> 96,000 (×2.40)" in plan.lines()[-1]
+    assert "rpm 60 -> 98 (×1.63), tpm 40,000 -> 97,561 (×2.44)" in plan.lines()[-1]
+
+
+def test_calls_larger_than_the_bucket_are_let_in_from_a_full_one() -> None:
+    # 20 calls of 5,000 tokens against 20,000 TPM: the bucket holds 1,666.7 (5 s), so a
+    # call waits for 1,666.7 tokens, not 5,000, and the last call's excess needs no refill:
+    # (100,000 - (5,000 - 1,666.7) - 1,666.7) / 333.33 = 285 s, answered 2 s later.
+    big = Workload.generate(tasks=10, calls=2, spread=0, input_tokens=3000, max_tokens=2000)
+    plan = plan_capacity(big, FakeLimits(tpm=20_000, burst_seconds=5), latency=2.0,
+                         target_secs=100)
+    assert plan.completion_secs == pytest.approx(287.0)
+    # Within 100 s: (100,000 - 5,000) / r + 2 <= 100 with the call beyond the bucket
+    # -> r >= 969.4/s -> 58,164 TPM (its 5 s bucket, 4,847, is still below 5,000).
+    (tpm,) = plan.dimensions
+    assert tpm.needed_for_target == 58_164
+    assert plan.raises[0].needed == 58_164
+
+
+def test_the_ideal_is_a_lower_bound_on_every_strategys_wall() -> None:
+    # The simulator's "quota-bound ideal" is the plan's completion time; no strategy can
+    # finish faster, calls larger than the bucket included.
+    from rateloop.sim import build_scenario, run_strategy
+
+    big = Workload.generate(tasks=10, calls=2, input_tokens=3000, max_tokens=2000, seed=3)
+    scenario = build_scenario("burst", rpm=None, tpm=20_000, workload=big)
+    for strategy in ("rateloop", "rateloop-zero"):
+        result = run_strategy(scenario, strategy)
+        assert result.completed == 10
+        assert result.wall >= result.ideal > 0
+        assert result.efficiency <= 1.0
 
 
 def test_anthropic_counts_input_without_output_and_corrects_output() -> None:
     plan = plan_capacity(WORK, FakeLimits(itpm=20_000, otpm=8_000, burst_seconds=5),
                          profile="anthropic", latency=2.0)
     itpm, otpm = plan.dimensions
-    # input: 120,000 at 333.33/s beyond a 1,666.7 burst = 355 s
-    assert itpm.seconds == pytest.approx(355.0)
-    # output corrected to the 200 produced: 40,000 at 133.33/s beyond 666.7 = 295 s
-    assert (otpm.per_call, otpm.seconds) == (200.0, pytest.approx(295.0))
+    # input: 120,000 at 333.33/s beyond a 1,666.7 burst = 355 s, + 2 s of answer
+    assert itpm.seconds == pytest.approx(357.0)
+    # output corrected to the 200 produced: 40,000 at 133.33/s beyond 666.7 = 295 s + 2 s
+    assert (otpm.per_call, otpm.seconds) == (200.0, pytest.approx(297.0))
     assert plan.binding == "input tokens per minute (itpm)"
     # λ = min(333.33 / 600, 133.33 / 200) = 0.5556/s = 33.3/min; × 2 s = 1.11 -> 2
     assert plan.calls_per_minute == pytest.approx(33.333, rel=1e-3)
@@ -50,6 +80,20 @@ def test_concurrency_limit_by_littles_law() -> None:
     assert plan.binding == "concurrency (4)"
     assert plan.calls_per_minute == pytest.approx(80.0)  # 4 / 3 s
     assert plan.useful_concurrency == 4
+
+
+def test_a_target_bound_by_concurrency_asks_for_more_concurrency() -> None:
+    # 20 rounds of 3 s fit in 60 s: 200 calls need ceil(200 / 20) = 10 at once.
+    plan = plan_capacity(WORK, FakeLimits(concurrency=4), latency=3.0, target_secs=60)
+    assert plan.target_feasible is True
+    assert [(r.name, r.limit, r.needed) for r in plan.raises] == [("concurrency", 4, 10)]
+    assert plan.lines()[-1] == "To finish in 60 s: concurrency 4 -> 10 (×2.50)."
+
+
+def test_a_target_with_a_day_quota_short_asks_for_the_day_quota() -> None:
+    plan = plan_capacity(WORK, FakeLimits(rpm=6000, rpd=150), latency=2.0, target_secs=60)
+    assert plan.day_shortfall == 50
+    assert plan.lines()[-1] == "To finish in 60 s: rpd 150 -> 200 (×1.33)."
 
 
 def test_unreachable_target_and_day_shortfall() -> None:

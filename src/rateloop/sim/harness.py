@@ -10,8 +10,8 @@ The measures:
 - ``wall``: virtual seconds until every task has ended (completed or not);
 - ``ideal``: the least time the provider's limits allow for all the work that
   can be done today (:func:`ideal_seconds`; with a day quota, the tasks that
-  fit in it); ``efficiency`` = (completed ÷ achievable tasks) × (ideal ÷ wall),
-  capped at 1: the share of the best task throughput the limits allow;
+  fit in it); ``efficiency`` = (completed ÷ achievable tasks) × min(1, ideal ÷ wall):
+  the share of the work done, times how close to the ideal time it ran;
 - ``deferred``: tasks that ended with an explicit "wait for capacity / the
   reset" outcome and a time to resume (rateloop's), ``lost``: the others;
 - ``rejected per success``: provider refusals per successful call;
@@ -27,12 +27,13 @@ import random
 from dataclasses import dataclass, field
 
 from rateloop.route import Route
+from rateloop.sim.plan import plan_of
 from rateloop.sim.scenarios import Scenario
 from rateloop.sim.strategies import CallResult, SimContext, make_caller
 from rateloop.sim.vtime import VirtualClock, run_virtual
-from rateloop.sim.workload import CallSpec, TaskSpec
+from rateloop.sim.workload import CallSpec, TaskSpec, Workload
 from rateloop.testing import FakeLimits, FakeProvider
-from rateloop.testing._fake.buckets import Profile, charge_of
+from rateloop.testing._fake.buckets import Profile
 
 __all__ = ["RunResult", "TaskResult", "achievable_tasks", "ideal_seconds", "run_strategy"]
 
@@ -83,7 +84,9 @@ class RunResult:
     def efficiency(self) -> float:
         if self.wall <= 0 or self.achievable == 0:
             return 0.0
-        return min(1.0, self.completed / self.achievable * self.ideal / self.wall)
+        # The share of the work done times how close to the ideal it ran: a strategy
+        # that fails fast must not score for its short wall.
+        return self.completed / self.achievable * min(1.0, self.ideal / self.wall)
 
     @property
     def rejected_per_success(self) -> float:
@@ -111,35 +114,15 @@ def ideal_seconds(
 ) -> float:
     """The least wall time in which ``limits`` let ``tasks`` (arrival, calls) complete.
 
-    The largest of: each per-minute dimension's demand beyond one burst at its
-    rate, plus the one answer the last call admitted still takes (``latency``);
-    the concurrency bound (calls × latency / concurrency); and each task's own
-    critical path (arrival + its calls × latency).
+    The capacity plan's completion time (:func:`rateloop.sim.plan.plan_capacity`):
+    the largest of each per-minute bucket's bound (its demand beyond one
+    bucket at its rate, the largest call last, plus that call's answer), the
+    concurrency bound and each task's own chain of calls.
     """
-    calls = [c for _, cs in tasks for c in cs]
-    if not calls:
+    if not any(calls for _, calls in tasks):
         return 0.0
-    charges = [charge_of(profile, c.input_tokens, c.max_tokens, 0) for c in calls]
-    demand = {
-        "rpm": float(len(calls)),
-        "tpm": float(sum(ch.total for ch in charges)),
-        "itpm": float(sum(ch.input for ch in charges)),
-        "otpm": float(sum(ch.output if profile != "anthropic" else c.output_tokens
-                          for ch, c in zip(charges, calls, strict=True))),
-    }
-    bound = 0.0
-    for name, amount in demand.items():
-        limit = getattr(limits, name)
-        if limit is None:
-            continue
-        rate = limit / 60.0
-        capacity = max(1.0, rate * limits.burst_seconds)
-        # The last unit is admitted no sooner than this, and answered ``latency`` later.
-        bound = max(bound, max(0.0, (amount - capacity) / rate) + latency)
-    if limits.concurrency is not None:
-        bound = max(bound, len(calls) * latency / limits.concurrency)
-    critical = max(start + len(cs) * latency for start, cs in tasks)
-    return max(bound, critical)
+    work = Workload(tuple(TaskSpec(start, calls) for start, calls in tasks), "ideal")
+    return plan_of(work, limits, profile, latency).completion_secs
 
 
 def achievable_tasks(tasks: tuple[TaskSpec, ...], rpd: int | None) -> list[TaskSpec]:

@@ -1,23 +1,28 @@
 """Capacity planning: how long a workload takes under given limits, and what would change it.
 
 Pure arithmetic on the same model the FakeProvider enforces (continuously
-refilled per-minute buckets holding ``burst_seconds`` of their limit):
+refilled per-minute buckets holding ``burst_seconds`` of their limit; a call
+is admitted once the bucket holds ``min(cost, bucket)``, so a call larger
+than the bucket is let in from a full one and leaves it in debt):
 
 - **Completion time.** A per-minute limit ``L`` (rate ``r = L/60`` per second,
-  bucket ``c = r × burst``) serves a demand ``D`` in ``(D - c) / r`` seconds at
-  best; the workload needs the largest of these over every limited dimension,
-  and never less than its longest task's own chain of calls (``calls ×
-  latency`` after it arrives) nor, with a concurrency limit ``C``, than
-  ``calls × latency / C``.
+  bucket ``c = r × burst``) admits a demand ``D`` whose largest call ``a``
+  comes last no sooner than ``(D - max(0, a - c) - c) / r`` seconds, and that
+  call's answer takes ``latency`` more; the workload needs the largest of
+  these over every limited dimension, and never less than its longest task's
+  own chain of calls (arrival + ``calls × latency``) nor, with a concurrency
+  limit ``C``, than ``ceil(calls / C) × latency``.  :func:`least_seconds` is
+  this bound; the simulator's "quota-bound ideal" is the same number.
 - **Useful concurrency (Little's law).** In steady state the calls in flight
   are ``N = λ × W``: the sustainable call rate ``λ`` (the tightest limit
   divided by what one call costs in it) times the time a call takes ``W``.
   More calls in flight than ``ceil(N)`` cannot go faster: they only wait, or
   collect 429s.
-- **The limit a target needs.** Finishing in ``T`` seconds needs
-  ``(D - c) / r <= T``, that is ``L >= 60 × D / (T + burst)`` for each
-  dimension; a target shorter than the longest task's chain cannot be met
-  by any limit.
+- **The limits a target needs.** Finishing in ``T`` seconds needs each
+  dimension's bound ``<= T`` (with the largest call within the bucket,
+  ``L >= 60 × D / (T - latency + burst)``), a concurrency of at least
+  ``ceil(calls / floor(T / latency))``, and a day quota of every call; a
+  target shorter than the longest task's chain cannot be met by any limit.
 - **Day quota.** More calls than the requests-per-day limit cannot finish
   today, whatever the per-minute limits.
 """
@@ -31,7 +36,7 @@ from rateloop.sim.workload import CallSpec, Workload
 from rateloop.testing import FakeLimits
 from rateloop.testing._fake.buckets import Profile, charge_of
 
-__all__ = ["DimensionPlan", "Plan", "plan_capacity"]
+__all__ = ["DimensionPlan", "Plan", "Raise", "bucket_seconds", "plan_capacity"]
 
 _DIMENSIONS = (("rpm", "requests"), ("tpm", "tokens"), ("itpm", "input tokens"),
                ("otpm", "output tokens"))
@@ -43,8 +48,20 @@ class DimensionPlan:
     limit: int
     demand: float  # units the whole workload needs
     per_call: float  # mean units one call costs
-    seconds: float  # the least time this dimension allows
+    seconds: float  # the least time this dimension allows (the last call answered)
     needed_for_target: int | None  # the limit that would meet the target
+
+
+@dataclass(frozen=True, slots=True)
+class Raise:
+    """A limit to raise so that the workload meets the target."""
+
+    name: str  # rpm, tpm, itpm, otpm, concurrency, rpd
+    limit: int
+    needed: int
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.limit:,} -> {self.needed:,} (×{self.needed / self.limit:.2f})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +77,7 @@ class Plan:
     target_secs: float | None
     target_feasible: bool | None
     day_shortfall: int  # calls beyond the day quota (0 = fits)
+    raises: tuple[Raise, ...] = ()  # what meets the target (empty: nothing needs raising)
 
     def lines(self) -> list[str]:
         """The plan in plain sentences."""
@@ -82,18 +100,11 @@ class Plan:
                     f"A target of {self.target_secs:,.0f} s cannot be met by raising limits: "
                     f"the longest task's own chain of calls takes {self.critical_path_secs:,.0f} s."
                 )
+            elif self.raises:
+                out.append(f"To finish in {self.target_secs:,.0f} s: "
+                           + ", ".join(str(r) for r in self.raises) + ".")
             else:
-                raises = [
-                    f"{d.name} {d.limit:,} -> {d.needed_for_target:,} "
-                    f"(×{d.needed_for_target / d.limit:.2f})"
-                    for d in self.dimensions
-                    if d.needed_for_target is not None and d.needed_for_target > d.limit
-                ]
-                if raises:
-                    out.append(f"To finish in {self.target_secs:,.0f} s: " + ", ".join(raises)
-                               + ".")
-                else:
-                    out.append(f"The current limits already meet {self.target_secs:,.0f} s.")
+                out.append(f"The current limits already meet {self.target_secs:,.0f} s.")
         return out
 
 
@@ -109,6 +120,32 @@ def _amount(name: str, profile: Profile, call: CallSpec) -> float:
     return float(call.output_tokens if profile == "anthropic" else charge.output)
 
 
+def bucket_seconds(demand: float, largest: float, limit: int, burst: float,
+                   latency: float) -> float:
+    """The least time a bucket of ``limit`` per minute lets ``demand`` through, answered.
+
+    The largest call (``largest``) goes last: it is admitted once the bucket
+    holds ``min(largest, bucket)``, so what exceeds the bucket needs no
+    refill; its answer takes ``latency``.
+    """
+    rate = limit / 60.0
+    capacity = max(1.0, rate * burst)
+    return max(0.0, (demand - max(0.0, largest - capacity) - capacity) / rate) + latency
+
+
+def _limit_for(demand: float, largest: float, burst: float, latency: float,
+               target: float) -> int:
+    """The least per-minute limit whose :func:`bucket_seconds` is within ``target``."""
+    low, high = 1, max(1, math.ceil(60.0 * demand / max(target - latency, 1e-6)) + 1)
+    while low < high:  # bucket_seconds falls as the limit grows
+        mid = (low + high) // 2
+        if bucket_seconds(demand, largest, mid, burst, latency) <= target + 1e-9:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 def plan_capacity(
     workload: Workload,
     limits: FakeLimits,
@@ -122,37 +159,53 @@ def plan_capacity(
         raise ValueError(f"latency must be > 0 seconds, got {latency!r}")
     if target_secs is not None and target_secs <= 0:
         raise ValueError(f"target must be > 0 seconds, got {target_secs!r}")
-    calls = [c for t in workload.tasks for c in t.calls]
-    if not calls:
+    if not workload.calls:
         raise ValueError("the workload has no calls")
+    return plan_of(workload, limits, profile, latency, target_secs)
+
+
+def plan_of(workload: Workload, limits: FakeLimits, profile: Profile, latency: float,
+            target_secs: float | None = None) -> Plan:
+    """:func:`plan_capacity` without its checks (the simulator's ideal allows latency 0)."""
+    calls = [c for t in workload.tasks for c in t.calls]
     critical = max(t.start + len(t.calls) * latency for t in workload.tasks)
+    feasible = None if target_secs is None else target_secs >= critical
+    meet = target_secs if feasible else None  # plan raises only for a target limits can meet
     bounds: list[tuple[float, str]] = [(critical, "the longest task's chain of calls")]
     rates: list[float] = []  # calls per second each dimension sustains
     dims = []
+    raises: list[Raise] = []
     burst = limits.burst_seconds
     for name, label in _DIMENSIONS:
         limit = getattr(limits, name)
         if limit is None:
             continue
-        demand = sum(_amount(name, profile, c) for c in calls)
+        amounts = [_amount(name, profile, c) for c in calls]
+        demand, largest = sum(amounts), max(amounts)
         per_call = demand / len(calls)
-        rate = limit / 60.0
-        seconds = max(0.0, (demand - max(1.0, rate * burst)) / rate)
-        needed = None
-        if target_secs is not None:
-            needed = math.ceil(60.0 * demand / (target_secs + burst))
+        seconds = bucket_seconds(demand, largest, limit, burst, latency)
+        needed = None if meet is None else _limit_for(demand, largest, burst, latency, meet)
         dims.append(DimensionPlan(name, limit, demand, per_call, seconds, needed))
+        if needed is not None and needed > limit:
+            raises.append(Raise(name, limit, needed))
         bounds.append((seconds, f"{label} per minute ({name})"))
         if per_call > 0:
-            rates.append(rate / per_call)
-    if limits.concurrency is not None:
-        bounds.append((len(calls) * latency / limits.concurrency,
-                       f"concurrency ({limits.concurrency})"))
-        rates.append(limits.concurrency / latency)
+            rates.append(limit / 60.0 / per_call)
+    cap = limits.concurrency
+    if cap is not None:
+        bounds.append((math.ceil(len(calls) / cap) * latency, f"concurrency ({cap})"))
+        rates.append(cap / latency)
+        if meet is not None and latency > 0:
+            # ceil(calls / C) rounds of ``latency`` must fit in the target.
+            needed_cap = math.ceil(len(calls) / max(1, math.floor(meet / latency + 1e-9)))
+            if needed_cap > cap:
+                raises.append(Raise("concurrency", cap, needed_cap))
     completion, binding = max(bounds)
     rate = min(rates) if rates else math.inf
     useful = math.ceil(rate * latency - 1e-9) if math.isfinite(rate) else len(calls)
     shortfall = max(0, len(calls) - limits.rpd) if limits.rpd is not None else 0
+    if shortfall and meet is not None and limits.rpd is not None:
+        raises.append(Raise("rpd", limits.rpd, len(calls)))  # all of it today
     return Plan(
         calls=len(calls),
         completion_secs=completion,
@@ -163,6 +216,7 @@ def plan_capacity(
         dimensions=tuple(dims),
         critical_path_secs=critical,
         target_secs=target_secs,
-        target_feasible=None if target_secs is None else target_secs >= critical,
+        target_feasible=feasible,
         day_shortfall=shortfall,
+        raises=tuple(raises),
     )
