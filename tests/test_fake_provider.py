@@ -226,6 +226,20 @@ def test_faults_classify_as_their_kind(profile: str, fault: str, kind: Kind) -> 
     assert fake.stats.refusals == {fault: 1}
 
 
+@pytest.mark.parametrize("profile", ["openai", "anthropic", "gemini"])
+def test_scripted_throttles_tell_their_wait_as_the_provider_would(profile: str) -> None:
+    # 2026-01-01T00:00:00Z on the FakeClock: a rate-limit fault says 1 s (the requests
+    # bucket has room), a day-quota fault says the hours to the provider's midnight.
+    clock = FakeClock()
+    fake = make(clock, profile=profile, rpm=60, faults=["rate_limit", "period_quota"])
+    throttle = classify_response(fake.respond(REQ), now=clock.now())
+    assert (throttle.kind, throttle.retry_after) == (Kind.TEMPORARY, 1.0)
+    day = classify_response(fake.respond(REQ), now=clock.now())
+    assert day.kind is Kind.PERIOD_QUOTA
+    left = 24 * 3600.0 if profile != "gemini" else 8 * 3600.0  # Pacific midnight is 08:00Z
+    assert day.retry_after == pytest.approx(left, abs=1.0)
+
+
 def test_success_headers_describe_the_buckets() -> None:
     openai_ok = make(profile="openai", rpm=600, tpm=60_000).respond(REQ)
     assert openai_ok.headers["x-ratelimit-limit-requests"] == "600"
@@ -284,6 +298,21 @@ def test_reset_and_stream_error() -> None:
     assert fake.respond(REQ).status_code == 529
     assert fake.stats.refusals == {"reset": 1, "stream_error": 2}
     assert fake.stats.served == 0
+
+
+@pytest.mark.parametrize(("profile", "status", "kind"), [
+    ("openai", 500, Kind.SERVER_ERROR),
+    ("anthropic", 529, Kind.OVERLOAD),
+    ("gemini", 503, Kind.OVERLOAD),
+])
+def test_stream_error_on_a_plain_request_answers_the_streams_error(
+    profile: str, status: int, kind: Kind
+) -> None:
+    clock = FakeClock()
+    fake = make(clock, profile=profile, faults=["stream_error"])
+    refused = fake.respond(REQ)
+    assert refused.status_code == status
+    assert classify_response(refused, now=clock.now()).kind is kind
 
 
 # --- configuration and counters -------------------------------------------------------------

@@ -274,9 +274,9 @@ class FakeProvider:
                 return FakeResponse(status_code=0, headers={}, reset=True, refused="reset",
                                     delay=self.refusal_latency), None
             if fault is not None and not stream_error:
-                named = {"rate_limit": self.limits.rpm, "period_quota": self.limits.rpd}
-                return self._refuse(profile, fault, model, request_id, None,
-                                    named.get(fault), 1), None
+                return self._refuse(profile, fault, model, request_id, self._fault_wait(fault),
+                                    {"rate_limit": self.limits.rpm,
+                                     "period_quota": self.limits.rpd}.get(fault), 1), None
             if self._spent:
                 return self._refuse(profile, "spend", model, request_id, None, None, None), None
             left_today = self._roll_day()
@@ -313,6 +313,21 @@ class FakeProvider:
                              charge=charge, output_tokens=output, delay=delay,
                              stream_error=stream_error)
             return FakeResponse(status_code=102, headers={}), ticket
+
+    def _fault_wait(self, fault: str) -> float | None:
+        """The wait a scripted refusal tells, as the provider's own would.
+
+        A ``rate_limit`` 429 says when the requests bucket has a slot (at least
+        1 s, as the APIs round it); a ``period_quota`` 429 says when the
+        provider's day ends.  Overloads and server errors tell no wait.
+        """
+        if fault == "rate_limit":
+            bucket = self._buckets.get("requests")
+            wait = bucket.wait_for(1, self.clock.monotonic()) if bucket is not None else None
+            return max(1.0, wait or 0.0)
+        if fault == "period_quota":
+            return self._roll_day()
+        return None
 
     @staticmethod
     def _amount(name: str, charge: TokenCharge) -> int:
