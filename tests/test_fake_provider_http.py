@@ -209,6 +209,43 @@ def test_cli_serves_until_stopped() -> None:
             proc.wait(timeout=10)
 
 
+def test_cli_on_a_taken_port_says_so() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "rateloop", "fake-provider", "--port", str(port)],
+            check=False, env=_env(), capture_output=True, text=True, timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"rateloop fake-provider: cannot listen on 127.0.0.1:{port}: ")
+    assert "address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_passes_the_refusal_options() -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "rateloop", "fake-provider", "--port", "0", "--rpm", "1",
+         "--burst", "60", "--no-rejected-spends-request", "--output-ratio", "0.5"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().rsplit(" ", 1)[-1].strip()
+            body = {"model": "m", "max_tokens": 10, "messages": []}
+            first = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+            assert first.json()["usage"]["completion_tokens"] == 5  # half of max_tokens
+            assert httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 429
+            stats = httpx.get(url + "/fake/stats", timeout=10).json()
+            assert stats["config"]["rejected_spends_request"] is False
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
 def test_cli_rejects_bad_options() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rateloop", "fake-provider", "--rpm", "-1"],

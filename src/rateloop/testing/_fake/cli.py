@@ -51,6 +51,12 @@ def fake_provider_command(
     concurrency: Annotated[int | None, typer.Option(help="Requests in flight at once.")] = None,
     burst: Annotated[float, typer.Option(help="Seconds of each limit usable at once.")] = 5.0,
     latency: Annotated[float, typer.Option(help="Seconds each answer takes.")] = 0.0,
+    refusal_latency: Annotated[float, typer.Option(
+        help="Seconds each refusal takes.")] = 0.0,
+    rejected_spends_request: Annotated[bool, typer.Option(
+        help="A refused request still spends a request slot (as providers count them).")] = True,
+    output_ratio: Annotated[float, typer.Option(
+        help="Output tokens produced as a fraction of max_tokens (0..1).")] = 1.0,
     fault_rate: Annotated[list[str] | None, typer.Option(
         help="NAME=PROBABILITY, repeatable; NAME one of " + ", ".join(FAULTS) + ".")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random faults.")] = 0,
@@ -67,6 +73,8 @@ def fake_provider_command(
         limits = FakeLimits(rpm=rpm, tpm=tpm, itpm=itpm, otpm=otpm, rpd=rpd,
                             concurrency=concurrency, burst_seconds=burst)
         provider = FakeProvider(profile=profile, limits=limits, latency=latency,
+                                refusal_latency=refusal_latency, output_ratio=output_ratio,
+                                rejected_spends_request=rejected_spends_request,
                                 fault_rates=parse_fault_rates(fault_rate or []), seed=seed,
                                 model=model)
     except ValueError as exc:
@@ -80,8 +88,13 @@ def fake_provider_command(
         typer.echo(f"  Anthropic: Anthropic(base_url='{url}', api_key='fake')")
         typer.echo(f"  counters:  curl {url}/fake/stats")
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(provider, host="127.0.0.1", port=port, started=started))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(provider, host="127.0.0.1", port=port, started=started))
+    except OSError as exc:  # the port is taken, or not ours to bind
+        typer.echo(f"rateloop fake-provider: cannot listen on 127.0.0.1:{port}: "
+                   f"{exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:
