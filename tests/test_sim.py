@@ -68,6 +68,51 @@ def test_a_deadlock_raises_instead_of_hanging() -> None:
         run_virtual(main())
 
 
+def test_a_threads_job_takes_no_virtual_time() -> None:
+    async def main() -> tuple[int, float, float]:
+        loop = asyncio.get_running_loop()
+        timer = asyncio.ensure_future(asyncio.sleep(5))
+        value = await asyncio.to_thread(sum, [40, 2])  # done before the 5 s timer fires
+        during = loop.time()
+        await timer
+        return value, during, loop.time()
+
+    assert run_virtual(main()) == (42, 0.0, 5.0)
+
+
+def test_virtual_clock_outside_run_virtual_says_where_to_build() -> None:
+    with pytest.raises(RuntimeError, match=r"outside run_virtual\(\).*inside the coroutine"):
+        FakeProvider(rpm=60, clock=VirtualClock())
+
+
+def test_the_sdk_over_the_asgi_app_on_virtual_time() -> None:
+    """The real openai SDK, in-process through httpx's ASGI transport, on virtual time."""
+    import httpx
+    import openai
+
+    async def main() -> tuple[list[str], int, float]:
+        clock = VirtualClock()
+        fake = FakeProvider(rpm=60, burst_seconds=1, latency=30.0, clock=clock)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake))
+        client = openai.AsyncOpenAI(base_url="http://fake/v1", api_key="k", http_client=http)
+
+        async def ask() -> str:
+            reply = await client.chat.completions.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+            return reply.choices[0].finish_reason
+
+        answers = await asyncio.gather(ask(), ask(), ask())
+        await client.close()
+        return list(answers), fake.stats.refused, clock.monotonic()
+
+    answers, refused, elapsed = run_virtual(main())
+    # One slot a second: two of the three are refused first, wait the retry-after the SDK
+    # reads, and are answered; the provider's 30 s answers pass on the virtual clock.
+    assert answers == ["stop"] * 3
+    assert refused >= 2
+    assert 30.0 < elapsed < 40.0
+
+
 def test_virtual_clock_refuses_to_block() -> None:
     with pytest.raises(RuntimeError, match="cannot block"):
         VirtualClock().sleep(1)
@@ -113,6 +158,17 @@ def test_traces_in_csv_and_jsonl(tmp_path: Path) -> None:
     jsonl.write_text('{"input_tokens": 10, "max_tokens": 5}\n\n{"input_tokens": 20, '
                      '"max_tokens": 6}\n')
     assert load_trace(jsonl).calls == 2  # each row without a task is its own task
+    # Blank task cells are tasks of their own too (never one task of every blank row), and a
+    # row numbered like a named task does not join it.
+    blanks = tmp_path / "blanks.csv"
+    blanks.write_text("task,input_tokens,max_tokens,start\n,10,5,\n,20,5,2.5\n2,30,5,1\n"
+                      "2,40,5,\n")
+    assert [(t.start, len(t.calls)) for t in load_trace(blanks).tasks] == [
+        (0.0, 1), (2.5, 1), (1.0, 2)]
+    negative = tmp_path / "negative.csv"
+    negative.write_text("input_tokens,max_tokens,start\n10,5,-1\n")
+    with pytest.raises(ValueError, match=r"row 1: start must be seconds >= 0, got '-1'"):
+        load_trace(negative)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_tokens": 10}\n')
     with pytest.raises(ValueError, match="missing 'max_tokens'"):
@@ -316,6 +372,25 @@ def test_storm_and_lower_limits_are_survived() -> None:
 # --- the command line -----------------------------------------------------------------
 
 runner = CliRunner()
+
+
+def test_the_readmes_first_command_simulates_on_embedded_defaults() -> None:
+    """``python3 -m rateloop simulate`` as the README runs it: no options, no services."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rateloop", "simulate"], check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for label in ("immediate retry*", "SDK retries*", "tenacity recipe*", "LiteLLM retries*",
+                  "rateloop zero-config"):
+        assert label in out
+    assert out.count("quota-bound ideal") == 2  # burst and steady
+    assert "models of the peers' documented retry behaviour" in out
+    rateloop_rows = [line.split() for line in out.splitlines()
+                     if line.split()[:1] == ["rateloop"] and "zero-config" not in line]
+    assert [row[1] for row in rateloop_rows] == ["40/40", "40/40"]
 
 
 def test_simulate_json_rows_and_the_honesty_note() -> None:

@@ -129,6 +129,7 @@ def build_scenario(
         raise ValueError(f"unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")
     processes = 4 if name == "shared" else 1
     arrival = 240.0 if name in ("steady", "storm") else 0.0
+    given = workload is not None  # a trace (or a caller's workload) keeps its own arrivals
     if workload is None:
         workload = Workload.generate(tasks=tasks, calls=calls, input_tokens=input_tokens,
                                      max_tokens=max_tokens, arrival_secs=arrival,
@@ -150,7 +151,8 @@ def build_scenario(
         what = f"the day quota is {day} requests for {workload.calls} calls"
     elif name == "storm":
         storms = (StormWindow(30.0, 150.0, {"overload": 0.5}),)
-        what = ("tasks arrive over 240 s and half the attempts are overloaded between 30 s "
+        what = ("half the attempts are overloaded between 30 s and 150 s" if given else
+                "tasks arrive over 240 s and half the attempts are overloaded between 30 s "
                 "and 150 s")
     elif name == "lower":
         limits = FakeLimits(
@@ -160,6 +162,8 @@ def build_scenario(
         what = "the provider enforces half the limits rateloop was told"
     elif name == "shared":
         what = f"{processes} processes share one budget"
+    elif given:
+        what = "tasks arrive when the workload says"
     elif name == "steady":
         what = "tasks arrive evenly over 240 s"
     else:

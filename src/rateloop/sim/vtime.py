@@ -7,7 +7,10 @@ selector that never waits: it moves the loop's clock (``time()``) forward by
 waits, the limiter's, the fake provider's latency -- returns as soon as
 nothing else can run, at the right virtual moment and in the right order.
 A loop with nothing scheduled and nothing ready would wait forever for I/O
-that cannot come in a simulation; it raises instead.
+that cannot come in a simulation; it raises instead.  Work handed to a
+thread (``run_in_executor``, ``asyncio.to_thread``: the SDKs do it for
+their platform headers) takes no virtual time: the loop waits for it for
+real before it moves the clock.
 
 :class:`VirtualClock` is the rateloop :class:`~rateloop.Clock` on that loop:
 ``monotonic()`` is the loop's time, ``now()`` a fixed start plus it, and
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -32,6 +35,9 @@ _START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 #: The shortest wait on virtual time, as a real clock's resolution would be.
 MIN_SLEEP = 0.001
 
+#: Real seconds a thread's job may take before a loop with nothing else to do gives up.
+_THREAD_WAIT = 60.0
+
 
 class SimulationStuck(RuntimeError):
     """Every task waits for something that no timer will bring (a deadlock in the simulation)."""
@@ -43,6 +49,7 @@ class _VirtualSelector(selectors.BaseSelector):
     def __init__(self) -> None:
         self._real = selectors.DefaultSelector()
         self.now = 0.0
+        self.threads = 0  # run_in_executor jobs not yet done (they report on the self-pipe)
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -54,6 +61,16 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._real.modify(fileobj, events, data)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self.threads and timeout != 0:
+            # A thread's job (an SDK's ``asyncio.to_thread``) takes no virtual time: wait
+            # for it for real before any timer fires, so the order stays deterministic.
+            events = self._real.select(_THREAD_WAIT)
+            if events or timeout is not None:
+                return events
+            raise SimulationStuck(
+                f"a thread started with run_in_executor has not finished in {_THREAD_WAIT:g} s "
+                "and nothing else can run"
+            )
         if timeout is None:
             raise SimulationStuck(
                 "nothing is scheduled and nothing can run: every simulated task waits for "
@@ -81,6 +98,18 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._vselector.now
 
+    def run_in_executor(  # type: ignore[override]  # the base's TypeVarTuple signature
+        self, executor: Any, func: Callable[..., T], *args: Any
+    ) -> asyncio.Future[T]:
+        future = super().run_in_executor(executor, func, *args)
+        self._vselector.threads += 1
+
+        def done(_: asyncio.Future[T]) -> None:
+            self._vselector.threads -= 1
+
+        future.add_done_callback(done)
+        return future
+
 
 class VirtualClock:
     """The rateloop Clock of a :class:`VirtualEventLoop` (use inside ``run_virtual``)."""
@@ -91,7 +120,14 @@ class VirtualClock:
         self._start = start
 
     def monotonic(self) -> float:
-        return asyncio.get_running_loop().time()
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            raise RuntimeError(
+                "VirtualClock is read outside run_virtual(): no virtual loop is running. "
+                "Build what uses it (FakeProvider, Limiter, AsyncRateLoop) inside the "
+                "coroutine given to run_virtual()"
+            ) from None
 
     def now(self) -> datetime:
         return self._start + timedelta(seconds=self.monotonic())

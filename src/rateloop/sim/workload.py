@@ -117,6 +117,18 @@ def _int(row: dict[str, Any], key: str, where: str, default: int | None = None) 
     return value
 
 
+def _start(raw: Any, where: str) -> float:
+    if raw is None or str(raw).strip() == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: start must be seconds >= 0, got {raw!r}")
+    return value
+
+
 def load_trace(path: Path, *, processes: int = 1) -> Workload:
     """A workload from a CSV (with a header) or JSON Lines trace of calls."""
     suffix = path.suffix.lower()
@@ -141,8 +153,8 @@ def load_trace(path: Path, *, processes: int = 1) -> Workload:
         rows = list(csv.DictReader(text.splitlines()))
     if not rows:
         raise ValueError(f"trace {path} has no calls")
-    tasks: dict[str, list[CallSpec]] = {}
-    starts: dict[str, float] = {}
+    tasks: dict[tuple[str, str], list[CallSpec]] = {}
+    starts: dict[tuple[str, str], float] = {}
     for n, row in enumerate(rows, 1):
         where = f"{path} row {n}"
         max_tokens = _int(row, "max_tokens", where)
@@ -151,15 +163,12 @@ def load_trace(path: Path, *, processes: int = 1) -> Workload:
             max_tokens,
             min(max_tokens, _int(row, "output_tokens", where, default=max_tokens)),
         )
-        key = str(row.get("task", n))
+        # A row without a task (no column, a blank cell, null) is a task of its own.
+        task = row.get("task")
+        key = ("row", str(n)) if task is None or str(task).strip() == "" else ("task", str(task))
         tasks.setdefault(key, []).append(call)
         if key not in starts:
-            try:
-                starts[key] = float(row.get("start") or 0.0)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"{where}: start must be seconds, got {row.get('start')!r}"
-                ) from None
+            starts[key] = _start(row.get("start"), where)
     specs = tuple(
         TaskSpec(starts[k], tuple(calls), group=i % processes)
         for i, (k, calls) in enumerate(tasks.items())
