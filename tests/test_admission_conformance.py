@@ -294,6 +294,40 @@ def test_configured_limits_win_over_headers(limiter: Limiter) -> None:
     assert limiter.limits_for(MODEL) == minute_spec(requests_per_minute=10)
 
 
+def test_a_limit_the_provider_states_below_the_configured_one_binds(
+    limiter: Limiter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Configured 60 RPM, the provider says 30: admitting at 60 would only collect 429s."""
+    configured = minute_spec(requests_per_minute=60, tokens_per_minute=10_000)
+    limiter.set_limits(MODEL, configured)
+    with caplog.at_level("WARNING", logger="rateloop.admission"):
+        limiter.observe(MODEL, {"x-ratelimit-limit-requests": "30",
+                                "x-ratelimit-limit-tokens": "50000"})
+    assert limiter.limits_for(MODEL) == minute_spec(requests_per_minute=30,
+                                                    tokens_per_minute=10_000)
+    assert [r.getMessage() for r in caplog.records] == [
+        "openai:gpt-5: the provider states requests_per_minute = 30, below the configured 60: "
+        "admitting at the provider's limit"]
+    # A minute's bucket of the stated 30, not of the configured 60.
+    route = Route(provider="openai", model="gpt-5")
+    n = 0
+    while isinstance(limiter.try_reserve(route, Cost()), Reservation):
+        n += 1
+        assert n < 100
+    assert n == 30
+    # The provider raises it again (a tier upgrade): up to the configured value, no higher.
+    limiter.observe(MODEL, {"x-ratelimit-limit-requests": "90"})
+    assert limiter.limits_for(MODEL) == configured
+
+
+def test_a_stated_limit_does_not_lower_a_configured_ancestor(limiter: Limiter) -> None:
+    """The headers describe the model's limit, not a broader scope the user configured."""
+    limiter.set_limits("openai", minute_spec(requests_per_minute=60))
+    limiter.observe(MODEL, {"x-ratelimit-limit-requests": "30"})
+    assert limiter.limits_for("openai") == minute_spec(requests_per_minute=60)
+    assert limiter.limits_for(MODEL) is None
+
+
 def test_observe_on_a_narrower_scope_acts_on_the_governing_limits(limiter: Limiter) -> None:
     """The loop observes on ``provider:model:project``; limits live on ``provider:model``."""
     limiter.set_limits(MODEL, minute_spec(requests_per_minute=60, tokens_per_minute=10_000))

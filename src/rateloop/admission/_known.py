@@ -17,10 +17,11 @@ admission flows are in ``limiter.py``; both are run by the
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from rateloop._clock import Clock
 from rateloop.admission._driver import BackendDriver, _Do, _Done, _Flow
@@ -45,6 +46,8 @@ from rateloop.route import Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
 __all__ = ["KnownLimits"]
+
+log = logging.getLogger("rateloop.admission")
 
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
 #: Signals that say the provider refused a call for capacity (recorded as a refusal).
@@ -78,6 +81,7 @@ class KnownLimits(BackendDriver):
         self._plans: dict[tuple[Route, Priority], AdmitPlan] = {}
         self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
         self._generation = 0
+        self._warned: set[tuple[str, str, int]] = set()
 
     # -- configuration --------------------------------------------------------------
 
@@ -106,11 +110,23 @@ class KnownLimits(BackendDriver):
     def limits_for(self, scope: str) -> LimitSpec | None:
         """The limits in force in ``scope``: configured, else learned from headers, else None.
 
+        A configured limit the provider's headers state lower (for this very
+        scope) is in force at the provider's value.
+
         Without a configured ``burst``, the burst learned from the provider's
         headers (its bucket, when it holds less than a minute) is the spec's
         ``burst``; without either, the profile's pacing applies.
         """
-        spec = self._limits.get(scope) or self._learned.specs.get(scope)
+        spec = self._limits.get(scope)
+        if spec is not None:
+            stated = self._learned.stated.get(scope)
+            if stated:
+                lower: dict[str, Any] = {n: v for n, v in stated.items()
+                                         if (mine := getattr(spec, n)) is not None and v < mine}
+                if lower:  # the provider enforces less than configured: its limit binds
+                    spec = replace(spec, **lower)
+        else:
+            spec = self._learned.specs.get(scope)
         if spec is not None and spec.burst is None:
             burst = self._learned.burst(scope)
             if burst is not None:
@@ -150,7 +166,9 @@ class KnownLimits(BackendDriver):
                     checks.extend(build_checks(scope, spec, prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
             # Something can be learned: limits (nothing configured on the route) or
-            # the provider's burst (a configured scope without ``burst``).
+            # the provider's burst (a configured scope without ``burst``), and with it
+            # the limits other processes were told (every process reads a limit the
+            # provider states on its own answers anyway).
             configured = [self._limits[s] for s in scopes if s in self._limits]
             plan.learnable = not configured or any(c.burst is None for c in configured)
         with self._lock:
@@ -205,6 +223,16 @@ class KnownLimits(BackendDriver):
             done = yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
             self._note_refused((scope,), done[0].until, done[2])
 
+    def _warn_stated(self, scope: str) -> None:
+        """Say once per value when the provider states less than was configured."""
+        configured = self._limits.get(scope)
+        for name, value in self._learned.stated.get(scope, {}).items():
+            mine = getattr(configured, name, None)
+            if mine is not None and value < mine and (scope, name, value) not in self._warned:
+                self._warned.add((scope, name, value))
+                log.warning("%s: the provider states %s = %d, below the configured %d: "
+                            "admitting at the provider's limit", scope, name, value, mine)
+
     def _governing(self, scope: str) -> str | None:
         """The nearest scope on ``scope``'s path (itself, then its ancestors) with limits.
 
@@ -242,6 +270,13 @@ class KnownLimits(BackendDriver):
                 self._forget_plans()
             if self._learned_shared:
                 yield _Do(store)
+        stated = self._learned.learn_stated(scope, signal)
+        if stated is not None:
+            self._warn_stated(scope)
+            with self._lock:
+                self._forget_plans()
+            if self._learned_shared:
+                yield _Do(stated)
         target = self._governing(scope)
         if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
             # The provider's bucket is short (or shorter than known): the target's

@@ -40,6 +40,7 @@ __all__ = [
     "MARGIN_UNITS",
     "REFRESH_SECONDS",
     "SHORT_BUCKET",
+    "STATED",
     "LearnOp",
     "Learned",
     "LearnedOp",
@@ -63,6 +64,9 @@ MARGIN_UNITS = 1.0
 #: The field under which the backend keeps a scope's learned burst (a fraction of a
 #: minute, the largest capacity estimate seen; used only while below SHORT_BUCKET).
 BURST_FIELD = "burst"
+#: The prefix of the backend fields that keep the limits a provider states for a
+#: configured scope (``stated:requests_per_minute``).
+STATED = "stated:"
 #: A learned burst is written to the backend again only when it grew by more than this.
 _BURST_STEP = 1.02
 
@@ -175,8 +179,10 @@ def tightened(o: Observed) -> tuple[Dimension, ...]:
 class Learned:
     """The learned limits of one limiter, and when each route reads the backend's again.
 
-    ``configured(scope)`` tells whether a scope has configured limits (they
-    always win: nothing is learned on a path that has some).
+    ``configured(scope)`` tells whether a scope has configured limits: nothing
+    is learned as limits on a path that has some, but what the provider states
+    for a configured scope is kept (:meth:`learn_stated`): a stated limit below
+    the configured one is the one in force.
     """
 
     def __init__(self, configured: Callable[[str], bool], *, shared: bool) -> None:
@@ -184,6 +190,9 @@ class Learned:
         self._shared = shared  # the backend is shared with other processes: read it
         self._lock = threading.Lock()
         self.specs: dict[str, LimitSpec] = {}
+        #: configured scope -> the limits its provider's headers state (field: value);
+        #: one below the configured value is the limit in force (see :meth:`learn_stated`)
+        self.stated: dict[str, dict[str, int]] = {}
         #: scope -> the largest capacity estimate seen (a fraction of a minute)
         self.capacities: dict[str, float] = {}
         self._due: dict[Route, float] = {}
@@ -243,6 +252,36 @@ class Learned:
         limits = tuple((n, int(getattr(spec, n))) for n in LEARNABLE if getattr(spec, n))
         return LearnOp(scope=scope, limits=limits)
 
+    def learn_stated(self, scope: str, signal: LimitSignal) -> LearnOp | None:
+        """Take the limits ``signal`` states for ``scope``, a *configured* scope.
+
+        A provider that states a limit below the configured one enforces its
+        own: the configured value is a ceiling the provider may lower (a
+        tier that is not the one configured, a limit changed since), never a
+        licence to draw 429s.  Only the scope the headers describe is
+        affected, not a configured ancestor (a broader scope's limit is the
+        user's model of something the headers do not describe).  The op
+        stores them under ``stated:<field>`` when they changed.
+        """
+        if not self._configured(scope):
+            return None
+        found = {
+            name: int(o.limit)
+            for o in signal.observed
+            if (name := learned_field(o)) is not None and o.limit is not None and o.limit >= 1
+        }
+        if not found or not self._merge_stated(scope, found):
+            return None
+        return LearnOp(scope=scope, limits=tuple((STATED + n, v) for n, v in found.items()))
+
+    def _merge_stated(self, scope: str, found: Mapping[str, int]) -> bool:
+        with self._lock:
+            old = self.stated.get(scope, {})
+            if all(old.get(n) == v for n, v in found.items()):
+                return False
+            self.stated[scope] = {**old, **found}
+        return True
+
     def _merge(self, scope: str, found: Mapping[str, Any]) -> bool:
         with self._lock:
             old = self.specs.get(scope)
@@ -284,6 +323,14 @@ class Learned:
             }
             if valid and not any(self._configured(s) for s in path(scope)):
                 changed = self._merge(scope, valid) or changed
+            stated = {
+                n[len(STATED):]: int(v)
+                for n, v in limits.items()
+                if n.startswith(STATED) and n[len(STATED):] in LEARNABLE
+                and isinstance(v, int | float) and v >= 1
+            }
+            if stated and self._configured(scope):
+                changed = self._merge_stated(scope, stated) or changed
             held = limits.get(BURST_FIELD)
             if isinstance(held, int | float) and 0 < held <= 1:
                 changed = self._merge_capacity(scope, float(held)) or changed
