@@ -35,6 +35,10 @@ simulated, and the gap compares the two medians.
         --json bench/results/sim_crosscheck.json
     python bench/sim_crosscheck.py --scenario shared --strategies rateloop,rateloop-zero
 
+Every scenario of ``rateloop simulate`` runs (``--scenario burst,steady,daily,storm,lower,shared``):
+its times are scaled like the limits (``TIME_SCALE``: the storm's 30-150 s window is 3-15 s
+here, set on the server's provider by timers).
+
 ``shared`` (four processes, one budget) needs the Redis on 127.0.0.1:6379: the
 ``rateloop`` processes share their limiter state there (under a random key
 prefix, deleted afterwards); the zero-config processes each learn alone.
@@ -53,7 +57,9 @@ import os
 import secrets
 import statistics
 import sys
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +85,34 @@ MESSAGES = [{"role": "user", "content": "x"}]
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the shared budget of the "shared" scenario
 
 
+#: The simulator's times (arrivals over 240 s, the storm from 30 s to 150 s), scaled like
+#: the limits: ten times faster.
+TIME_SCALE = 0.1
+
+
 def scenario(name: str, *, tasks: int, calls: int, seed: int) -> Scenario:
-    arrival = 24.0 if name == "steady" else 0.0  # the simulator's 240 s, scaled like the limits
+    arrival = 240.0 * TIME_SCALE if name in ("steady", "storm") else 0.0
     processes = 4 if name == "shared" else 1
     work = Workload.generate(tasks=tasks, calls=calls, arrival_secs=arrival, seed=seed,
                              processes=processes)
-    return build_scenario(name, tasks=tasks, calls=calls, rpm=LIMITS["rpm"],
-                          tpm=LIMITS["tpm"], burst_seconds=LIMITS["burst_seconds"],
-                          latency=LIMITS["latency"], workload=work, seed=seed)
+    sc = build_scenario(name, tasks=tasks, calls=calls, rpm=LIMITS["rpm"],
+                        tpm=LIMITS["tpm"], burst_seconds=LIMITS["burst_seconds"],
+                        latency=LIMITS["latency"], workload=work, seed=seed)
+    storms = tuple(replace(w, start=w.start * TIME_SCALE, end=w.end * TIME_SCALE)
+                   for w in sc.storms)
+    return replace(sc, storms=storms)
+
+
+def _start_storms(provider: FakeProvider, sc: Scenario) -> list[threading.Timer]:
+    """The scenario's overload windows on the real clock, timed from now."""
+    timers = []
+    for window in sc.storms:
+        timers.append(threading.Timer(window.start, provider.set_fault_rates, (window.rates,)))
+        timers.append(threading.Timer(window.end, provider.set_fault_rates, (None,)))
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    return timers
 
 
 def _headers(call: CallSpec) -> dict[str, str]:
@@ -284,6 +310,7 @@ def _real(sc: Scenario, strategy: str, args: tuple[str, int, int, int]) -> RunRe
                              args=(strategy, server.url, args, g, prefix, ready, go, start_at,
                                    queue))
                  for g in range(sc.processes)]
+        storms: list[threading.Timer] = []
         try:
             for proc in procs:
                 proc.start()
@@ -292,11 +319,15 @@ def _real(sc: Scenario, strategy: str, args: tuple[str, int, int, int]) -> RunRe
                     raise RuntimeError(f"{strategy}: a client process did not start")
             provider.reset()  # nothing before the clock counts
             start_at.value = time.time()
+            storms = _start_storms(provider, sc)
             go.set()
             outs = [queue.get(timeout=1800) for _ in procs]
             for proc in procs:
                 proc.join(timeout=30)
         finally:
+            for timer in storms:
+                timer.cancel()
+            provider.set_fault_rates(None)
             for proc in procs:
                 if proc.is_alive():
                     proc.terminate()
