@@ -270,14 +270,18 @@ class KnownLimits(BackendDriver):
                 self._forget_plans()
             if self._learned_shared:
                 yield _Do(store)
-        stated = self._learned.learn_stated(scope, signal)
-        if stated is not None:
-            self._warn_stated(scope)
-            with self._lock:
-                self._forget_plans()
-            if self._learned_shared:
-                yield _Do(stated)
         target = self._governing(scope)
+        # A limit the headers state lower than configured binds on the governing scope
+        # -- one of a model at least (``provider:model``): a provider-wide scope models
+        # something a model's headers do not describe.
+        if target is not None and ":" in target:
+            stated = self._learned.learn_stated(target, signal)
+            if stated is not None:
+                self._warn_stated(target)
+                with self._lock:
+                    self._forget_plans()
+                if self._learned_shared:
+                    yield _Do(stated)
         if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
             # The provider's bucket is short (or shorter than known): the target's
             # buckets take its capacity -- their levels stay, so a larger capacity

@@ -258,10 +258,10 @@ class Learned:
         A provider that states a limit below the configured one enforces its
         own: the configured value is a ceiling the provider may lower (a
         tier that is not the one configured, a limit changed since), never a
-        licence to draw 429s.  Only the scope the headers describe is
-        affected, not a configured ancestor (a broader scope's limit is the
-        user's model of something the headers do not describe).  The op
-        stores them under ``stated:<field>`` when they changed.
+        licence to draw 429s.  The limiter calls it for the governing scope
+        of a model (``provider:model``, or a narrower one), never for a
+        provider-wide scope.  The op stores them under ``stated:<field>``
+        when they changed.
         """
         if not self._configured(scope):
             return None
