@@ -431,6 +431,8 @@ def test_simulate_table() -> None:
         (["--strategies", "retry"], "--strategies got 'retry'; allowed: immediate"),
         (["--profile", "x"], "--profile must be one of openai, anthropic, gemini"),
         (["--tasks", "0"], "tasks must be an integer >= 1, got 0"),
+        (["--spread", "-1"], "spread must be a number >= 0 (0: every call the mean), got -1.0"),
+        (["--output-ratio", "0"], "output_ratio must be a fraction 0 < ratio <= 1, got 0.0"),
         (["--trace", "missing.csv"], "No such file"),
     ],
 )
@@ -438,6 +440,13 @@ def test_simulate_bad_options(args: list[str], message: str) -> None:
     result = runner.invoke(app, ["simulate", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_simulate_sizes_every_call_alike_with_spread_zero() -> None:
+    result = runner.invoke(app, ["simulate", "--plan", "--spread", "0", "--output-ratio", "0.5",
+                                 "--input-tokens", "600", "--max-tokens", "400"])
+    assert result.exit_code == 0, result.output
+    assert "tpm 40,000: needs 200,000 (1,000/call)" in result.output  # 200 calls of 600 + 400
 
 
 def test_simulate_plan() -> None:

@@ -60,6 +60,10 @@ def simulate_command(
     latency: Annotated[float, typer.Option(help="Seconds each answer takes.")] = 2.0,
     input_tokens: Annotated[int, typer.Option(help="Mean input tokens per call.")] = 600,
     max_tokens: Annotated[int, typer.Option(help="Mean max output tokens per call.")] = 400,
+    spread: Annotated[float, typer.Option(
+        help="Spread of the token sizes (the lognormal's sigma; 0: every call the mean).")] = 0.5,
+    output_ratio: Annotated[float, typer.Option(
+        help="Output tokens produced as a fraction of max_tokens (0 < ratio <= 1).")] = 0.6,
     trace: Annotated[Path | None, typer.Option(
         help="A CSV or JSONL trace of calls (input_tokens, max_tokens[, output_tokens, "
              "task, start]) instead of generated tasks.")] = None,
@@ -91,7 +95,8 @@ def simulate_command(
             build_scenario(name, tasks=tasks, calls=calls, profile=profile, rpm=rpm, tpm=tpm,
                            itpm=itpm, otpm=otpm, rpd=rpd, concurrency=concurrency,
                            burst_seconds=burst, latency=latency, input_tokens=input_tokens,
-                           max_tokens=max_tokens, workload=workload, seed=seed)
+                           max_tokens=max_tokens, spread=spread, output_ratio=output_ratio,
+                           workload=workload, seed=seed)
             for name in scenarios
         ]
         if plan:

@@ -121,6 +121,8 @@ def build_scenario(
     transit: float = 0.01,
     input_tokens: int = 600,
     max_tokens: int = 400,
+    spread: float = 0.5,
+    output_ratio: float = 0.6,
     workload: Workload | None = None,
     seed: int = 1,
 ) -> Scenario:
@@ -132,7 +134,8 @@ def build_scenario(
     given = workload is not None  # a trace (or a caller's workload) keeps its own arrivals
     if workload is None:
         workload = Workload.generate(tasks=tasks, calls=calls, input_tokens=input_tokens,
-                                     max_tokens=max_tokens, arrival_secs=arrival,
+                                     max_tokens=max_tokens, spread=spread,
+                                     output_ratio=output_ratio, arrival_secs=arrival,
                                      processes=processes, seed=seed)
     elif processes > 1:
         workload = Workload(

@@ -74,6 +74,10 @@ class Workload:
             raise ValueError(
                 f"output_ratio must be a fraction 0 < ratio <= 1, got {output_ratio!r}"
             )
+        if isinstance(spread, bool) or not isinstance(spread, int | float) or not spread >= 0:
+            raise ValueError(
+                f"spread must be a number >= 0 (0: every call the mean), got {spread!r}"
+            )
         if arrival_secs < 0:
             raise ValueError(f"arrival_secs must be >= 0, got {arrival_secs!r}")
         rng = random.Random(seed)
