@@ -5,6 +5,7 @@ Run against both backends (the same fixture as the conformance suite).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -239,3 +240,61 @@ def test_learned_limits_are_shared_through_one_memory_backend_too() -> None:
     limiter = Limiter(clock=clock)
     limiter.observe(MODEL, LEARN_HEADERS)
     assert limiter.limits_for(MODEL) == LimitSpec(requests_per_minute=120, tokens_per_minute=60_000)
+
+
+# -- refused again after waiting: the block stretches -----------------------------------
+
+
+def _refusal(reset: float) -> LimitSignal:
+    return LimitSignal.of(
+        Kind.TEMPORARY,
+        status=429,
+        retry_after=reset,
+        observed=(Observed(dimension=Dimension.REQUESTS, remaining=0, reset_after=reset),),
+    )
+
+
+def test_refused_again_after_waiting_stretches_the_block() -> None:
+    """Clients of one budget that share no limiter wait out the same blocks and return
+    together; each refused request spends a slot, so nobody is served.  A refusal after
+    the block was waited out doubles it (×2, ×4 ... ×16, up to half again at random)."""
+    clock = FakeClock()
+    lim = Limiter(clock=clock, rng=random.Random(7))
+    lim.set_limits(MODEL, LimitSpec(requests_per_minute=60, burst=1.0))
+    lim.observe(MODEL, _refusal(1.0))
+    assert wait_of(lim) == pytest.approx(1.0, abs=0.01)  # the first: as stated
+    clock.advance(0.5)
+    lim.observe(MODEL, _refusal(1.0))  # in flight before the block began: no new evidence
+    assert wait_of(lim) == pytest.approx(1.0, abs=0.01)  # the new statement, not stretched
+    clock.advance(1.1)  # waited out; refused again
+    lim.observe(MODEL, _refusal(1.0))
+    second = wait_of(lim)
+    assert 2.0 - 0.01 <= second <= 3.0 + 0.01
+    clock.advance(second + 0.1)
+    lim.observe(MODEL, _refusal(1.0))
+    assert 4.0 - 0.01 <= wait_of(lim) <= 6.0 + 0.01
+    # An answer ends the streak: the next refusal is taken as stated again.
+    clock.advance(10.0)
+    lim.observe(MODEL, LimitSignal.of(Kind.OK, status=200))
+    lim.observe(MODEL, _refusal(1.0))
+    assert wait_of(lim) == pytest.approx(1.0, abs=0.01)
+    lim.close()
+
+
+def test_the_stretch_is_capped_and_forgotten_after_a_quiet_minute() -> None:
+    from rateloop.admission.learning import STREAK_CAP, Streaks
+
+    streaks = Streaks()
+    now, factors = 0.0, []
+    for _ in range(8):
+        factor = streaks.observe("s", ok=False, refused=True, wait=1.0, now=now,
+                                 draw=lambda: 1.0)
+        factors.append(factor)
+        now += factor + 0.01  # waited out each time
+    assert factors == [1.0, 3.0, 6.0, 12.0, 24.0, 24.0, 24.0, 24.0]  # ×2^(n-1), cap 16, ×1.5
+    assert max(factors) == STREAK_CAP * 1.5
+    # Not a refusal (an overload, a server error): no change.
+    assert streaks.observe("s", ok=False, refused=False, wait=1.0, now=now, draw=lambda: 0.0) == 1
+    # A minute after the last block ended the streak starts again.
+    assert streaks.observe("s", ok=False, refused=True, wait=1.0, now=now + 61,
+                           draw=lambda: 0.0) == 1.0

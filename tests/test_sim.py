@@ -359,6 +359,17 @@ def test_shared_budget_rateloop_shares_its_limiter_state() -> None:
     assert shared.provider_refusals < alone.provider_refusals
 
 
+def test_processes_that_share_no_limiter_do_not_livelock() -> None:
+    # Four zero-config processes on one budget, each learning alone: each waited out the
+    # blocks it was told and returned with the others; every refused request spent a slot,
+    # so from 30 s to 120 s nobody was served (39 %, 2.97 refused per success, 4 tasks
+    # deferred).  Refused again after waiting, a process now waits longer.
+    alone = run_strategy(build_scenario("shared"), "rateloop-zero")
+    assert alone.completed == 40
+    assert alone.efficiency > 0.6
+    assert alone.rejected_per_success < 1.5
+
+
 def test_storm_and_lower_limits_are_survived() -> None:
     storm = build_scenario("storm", **SMALL)  # type: ignore[arg-type]
     result = run_strategy(storm, "rateloop")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -27,7 +28,7 @@ from rateloop._clock import Clock
 from rateloop.admission._driver import BackendDriver, _Do, _Done, _Flow
 from rateloop.admission.backend import Backend
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.learning import Learned, LearnedOp, path, tightened
+from rateloop.admission.learning import Learned, LearnedOp, Streaks, path, tightened
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitPlan,
@@ -62,6 +63,8 @@ class KnownLimits(BackendDriver):
     the flows that learn from the provider; the base of
     :class:`~rateloop.admission.limiter.Limiter`."""
 
+    _rng: random.Random  # the Limiter's
+
     def __init__(
         self,
         backend: Backend | None,
@@ -82,6 +85,7 @@ class KnownLimits(BackendDriver):
         self._last_plan: tuple[object, object, AdmitPlan] = (None, None, _NO_PLAN)
         self._generation = 0
         self._warned: set[tuple[str, str, int]] = set()
+        self._streaks = Streaks()
 
     # -- configuration --------------------------------------------------------------
 
@@ -233,6 +237,36 @@ class KnownLimits(BackendDriver):
                 log.warning("%s: the provider states %s = %d, below the configured %d: "
                             "admitting at the provider's limit", scope, name, value, mine)
 
+    def _stretch_blocks(
+        self, target: str, signal: LimitSignal, tightenings: tuple[Tightening, ...]
+    ) -> tuple[Tightening, ...]:
+        """Refused again after waiting what the provider said: wait longer.
+
+        Clients of one budget that do not share a limiter (zero-config
+        processes, a foreign client) each wait out the block a refusal
+        states and return together; a refused request still spends its slot,
+        so together they keep the provider's bucket empty and nobody is
+        served.  A refusal that arrives after this process's previous block
+        ended (it waited as told and was refused anyway) stretches the
+        stated block ×2, ×4 ... ×16, with up to half again at random; a
+        refusal during the block (a call already in flight) does not, and an
+        answer ends the streak.  See :class:`~rateloop.admission.learning.Streaks`.
+        """
+        blocking = [t.reset_after for t in tightenings
+                    if t.reset_after is not None and (t.remaining is None or t.remaining < 1)]
+        factor = self._streaks.observe(
+            target, ok=signal.kind is Kind.OK, refused=signal.kind in _REFUSALS,
+            wait=max([*blocking, signal.retry_after or 0.0]), now=self._clock.monotonic(),
+            draw=self._rng.random,
+        )
+        if factor == 1.0 or not blocking:
+            return tightenings
+        return tuple(
+            replace(t, reset_after=t.reset_after * factor)
+            if t.reset_after is not None and (t.remaining is None or t.remaining < 1) else t
+            for t in tightenings
+        )
+
     def _governing(self, scope: str) -> str | None:
         """The nearest scope on ``scope``'s path (itself, then its ancestors) with limits.
 
@@ -308,6 +342,8 @@ class KnownLimits(BackendDriver):
             for d in tightened(o)
             if d in by_dimension and by_dimension[d].kind is not CheckKind.LEASE
         )
+        if target is not None:
+            tightenings = self._stretch_blocks(target, signal, tightenings)
         lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
         # A refusal: the target records it, so that calls booked before it (in this
         # process and, through the shared backend, in others) are admitted again.

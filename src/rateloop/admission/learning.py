@@ -41,9 +41,11 @@ __all__ = [
     "REFRESH_SECONDS",
     "SHORT_BUCKET",
     "STATED",
+    "STREAK_CAP",
     "LearnOp",
     "Learned",
     "LearnedOp",
+    "Streaks",
     "capacity_estimate",
     "learned_field",
     "path",
@@ -335,3 +337,52 @@ class Learned:
             if isinstance(held, int | float) and 0 < held <= 1:
                 changed = self._merge_capacity(scope, float(held)) or changed
         return changed
+
+
+#: A refusal streak stretches the stated block at most this much (before the jitter).
+STREAK_CAP = 16.0
+#: A streak whose last block ended this long ago starts again.
+STREAK_FORGET_SECONDS = 60.0
+
+
+@dataclass(slots=True)
+class _Streak:
+    count: int
+    until: float  # when the last stretched block ends (the limiter's monotonic clock)
+
+
+class Streaks:
+    """Per scope: refusals in a row that came after their block was waited out.
+
+    :meth:`observe` returns the factor a refusal's stated block is stretched
+    by: 1 for the first refusal (and for any during a block: calls already in
+    flight), then ``min(2^(n-1), STREAK_CAP) × (1 + U(0, 0.5))`` for the
+    n-th refusal in a row that arrived after the previous block ended.  An
+    answer ends the streak; so does a minute without refusals.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streaks: dict[str, _Streak] = {}
+
+    def observe(self, scope: str, *, ok: bool, refused: bool, wait: float, now: float,
+                draw: Callable[[], float]) -> float:
+        with self._lock:
+            if ok:
+                self._streaks.pop(scope, None)
+                return 1.0
+            if not refused:
+                return 1.0
+            streak = self._streaks.get(scope)
+            if streak is not None and now < streak.until:
+                return 1.0  # in flight before the block began: no new evidence
+            if streak is None or now - streak.until > STREAK_FORGET_SECONDS:
+                if len(self._streaks) >= 4096:
+                    self._streaks.clear()
+                streak = self._streaks[scope] = _Streak(0, now)
+            streak.count += 1
+            factor = 1.0
+            if streak.count > 1:
+                factor = min(2.0 ** (streak.count - 1), STREAK_CAP) * (1.0 + 0.5 * draw())
+            streak.until = now + max(0.0, wait) * factor
+            return factor
