@@ -6,9 +6,11 @@ The same scenario twice:
   FakeProvider on virtual time (what ``rateloop simulate`` prints);
 * **real**: the FakeProvider as a server on 127.0.0.1 (real clock, real
   sockets) and the *real* clients: the openai SDK with its own retries
-  (``max_retries=2``), real tenacity with the cookbook recipe around the SDK
-  (``max_retries=0``), rateloop's ``AsyncRateLoop`` + ``Limiter`` around the
-  SDK, a naive immediate-retry loop, and LiteLLM (``litellm.acompletion`` with
+  (``max_retries=2``), the anthropic SDK with its own (``sdk-anthropic``,
+  against an Anthropic-shaped provider, compared with the ``sdk`` model),
+  real tenacity with the cookbook recipe around the SDK (``max_retries=0``),
+  rateloop's ``AsyncRateLoop`` + ``Limiter`` around the SDK, a naive
+  immediate-retry loop, and LiteLLM (``litellm.acompletion`` with
   ``num_retries=2``: the OpenAI client's ``max_retries``, then LiteLLM's own
   two more attempts; the simulator's ``litellm`` model) when it is importable.
 
@@ -90,12 +92,20 @@ REDIS_URL = "redis://127.0.0.1:6379/0"  # the shared budget of the "shared" scen
 TIME_SCALE = 0.1
 
 
-def scenario(name: str, *, tasks: int, calls: int, seed: int) -> Scenario:
+#: Real clients compared with another strategy's model: the Anthropic SDK's retries are
+#: the OpenAI SDK's (both SDKs' ``_base_client.py``), so the simulator's ``sdk`` model,
+#: run against an Anthropic-shaped provider (its headers, bodies and token accounting).
+MODEL_OF = {"sdk-anthropic": "sdk"}
+PROFILE_OF = {"sdk-anthropic": "anthropic"}
+
+
+def scenario(name: str, *, tasks: int, calls: int, seed: int,
+             profile: str = "openai") -> Scenario:
     arrival = 240.0 * TIME_SCALE if name in ("steady", "storm") else 0.0
     processes = 4 if name == "shared" else 1
     work = Workload.generate(tasks=tasks, calls=calls, arrival_secs=arrival, seed=seed,
                              processes=processes)
-    sc = build_scenario(name, tasks=tasks, calls=calls, rpm=LIMITS["rpm"],
+    sc = build_scenario(name, tasks=tasks, calls=calls, profile=profile, rpm=LIMITS["rpm"],
                         tpm=LIMITS["tpm"], burst_seconds=LIMITS["burst_seconds"],
                         latency=LIMITS["latency"], workload=work, seed=seed)
     storms = tuple(replace(w, start=w.start * TIME_SCALE, end=w.end * TIME_SCALE)
@@ -175,6 +185,26 @@ def make_real_caller(strategy: str, url: str, sc: Scenario,
             return True
 
         return sdk, lambda: _create(client, WARM_UP)
+    if strategy == "sdk-anthropic":
+        import anthropic
+
+        claude = anthropic.AsyncAnthropic(base_url=url, api_key="fake", max_retries=2,
+                                          timeout=60)
+
+        def message(call: CallSpec) -> Any:
+            return claude.messages.create(
+                model="sim-model", messages=MESSAGES, max_tokens=call.max_tokens,  # type: ignore[arg-type]
+                extra_headers=_headers(call),
+            )
+
+        async def sdk_anthropic(call: CallSpec) -> bool:
+            try:
+                await message(call)
+            except anthropic.APIError:
+                return False
+            return True
+
+        return sdk_anthropic, lambda: message(WARM_UP)
     if strategy == "immediate":
         client = _client(url, 0)
 
@@ -283,7 +313,8 @@ def _client_process(strategy: str, url: str, args: tuple[str, int, int, int], gr
                     results: Any) -> None:
     logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
     name, tasks, calls, seed = args
-    sc = scenario(name, tasks=tasks, calls=calls, seed=seed)  # deterministic: the parent's
+    sc = scenario(name, tasks=tasks, calls=calls, seed=seed,  # deterministic: the parent's
+                  profile=PROFILE_OF.get(strategy, "openai"))
     try:
         out = asyncio.run(_client_tasks(strategy, url, sc, group, redis_prefix, ready, go,
                                         start_at))
@@ -396,11 +427,13 @@ def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, 
     print(f"{'scenario':8} {'strategy':14} {'run':7} {'done':>6} {'lost':>5} {'wall':>7} "
           f"{'effic.':>7} {'refused/ok':>10} {'tries/call':>10}", flush=True)
     for name in args.scenario.split(","):
-        sc = scenario(name, tasks=args.tasks, calls=args.calls, seed=args.seed)
         for strategy in strategies:
+            sc = scenario(name, tasks=args.tasks, calls=args.calls, seed=args.seed,
+                          profile=PROFILE_OF.get(strategy, "openai"))
             reals = [_real(sc, strategy, (name, args.tasks, args.calls, args.seed))
                      for _ in range(args.real_runs)]
-            sims = [run_strategy(sc, strategy, seed=k) for k in range(1, args.sim_seeds + 1)]
+            model = MODEL_OF.get(strategy, strategy)
+            sims = [run_strategy(sc, model, seed=k) for k in range(1, args.sim_seeds + 1)]
             for n, real in enumerate(reals, 1):
                 _row(f"real#{n}", name, strategy, sc, summary(real))
             _row("sim", name, strategy, sc, summary(sims[0]))
