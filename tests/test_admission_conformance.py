@@ -320,19 +320,24 @@ def test_a_limit_the_provider_states_below_the_configured_one_binds(
     assert limiter.limits_for(MODEL) == configured
 
 
-def test_a_stated_limit_binds_on_the_models_scope_never_the_providers(
-    limiter: Limiter,
-) -> None:
+def test_a_stated_limit_binds_only_on_the_scope_it_describes(limiter: Limiter) -> None:
     """The headers describe the model's limit, not a provider-wide scope the user configured."""
     limiter.set_limits("openai", minute_spec(requests_per_minute=60))
     limiter.observe(MODEL, {"x-ratelimit-limit-requests": "30"})
     assert limiter.limits_for("openai") == minute_spec(requests_per_minute=60)
     assert limiter.limits_for(MODEL) is None
-    # An answer on a project's scope binds on the model's configured scope, as the
-    # resync of remaining/reset does.
+    # Nor a model's total over several projects: a project's answer states the project's.
     limiter.set_limits(MODEL, minute_spec(requests_per_minute=60))
     limiter.observe(f"{MODEL}:proj-1", {"x-ratelimit-limit-requests": "30"})
+    assert limiter.limits_for(MODEL) == minute_spec(requests_per_minute=60)
+
+
+def test_configuring_a_scope_again_forgets_what_was_stated(limiter: Limiter) -> None:
+    limiter.set_limits(MODEL, minute_spec(requests_per_minute=60))
+    limiter.observe(MODEL, {"x-ratelimit-limit-requests": "30"})
     assert limiter.limits_for(MODEL) == minute_spec(requests_per_minute=30)
+    limiter.set_limits(MODEL, minute_spec(requests_per_minute=50))
+    assert limiter.limits_for(MODEL) == minute_spec(requests_per_minute=50)
 
 
 def test_observe_on_a_narrower_scope_acts_on_the_governing_limits(limiter: Limiter) -> None:

@@ -254,19 +254,29 @@ def _refusal(reset: float) -> LimitSignal:
     )
 
 
-def test_refused_again_after_waiting_stretches_the_block() -> None:
-    """Clients of one budget that share no limiter wait out the same blocks and return
-    together; each refused request spends a slot, so nobody is served.  A refusal after
-    the block was waited out doubles it (×2, ×4 ... ×16, up to half again at random)."""
-    clock = FakeClock()
+def _zero_config(clock: FakeClock) -> Limiter:
     lim = Limiter(clock=clock, rng=random.Random(7))
-    lim.set_limits(MODEL, LimitSpec(requests_per_minute=60, burst=1.0))
+    lim.observe(MODEL, {"x-ratelimit-limit-requests": "60"})  # learned: 60 RPM, paced
+    assert lim.limits_for(MODEL) == LimitSpec(requests_per_minute=60)
+    return lim
+
+
+def test_refused_again_after_waiting_stretches_the_block() -> None:
+    """Zero-config processes share no limiter: they wait out the same blocks and return
+    together; each refused request spends a slot, so nobody is served.  A 429 after the
+    block was waited out doubles it (×2, ×4 ... ×16, up to half again at random)."""
+    clock = FakeClock()
+    lim = _zero_config(clock)
     lim.observe(MODEL, _refusal(1.0))
     assert wait_of(lim) == pytest.approx(1.0, abs=0.01)  # the first: as stated
     clock.advance(0.5)
     lim.observe(MODEL, _refusal(1.0))  # in flight before the block began: no new evidence
     assert wait_of(lim) == pytest.approx(1.0, abs=0.01)  # the new statement, not stretched
-    clock.advance(1.1)  # waited out; refused again
+    clock.advance(1.1)
+    # A 429 that states no block is no evidence of waiting one out: it does not count
+    # (if it did, the next stretch would be ×4, not ×2).
+    lim.observe(MODEL, LimitSignal.of(Kind.TEMPORARY, status=429))
+    clock.advance(2.0)  # waited out; refused again
     lim.observe(MODEL, _refusal(1.0))
     second = wait_of(lim)
     assert 2.0 - 0.01 <= second <= 3.0 + 0.01
@@ -281,6 +291,27 @@ def test_refused_again_after_waiting_stretches_the_block() -> None:
     lim.close()
 
 
+def test_configured_scopes_are_not_stretched() -> None:
+    clock = FakeClock()
+    lim = Limiter(clock=clock, rng=random.Random(7))
+    lim.set_limits(MODEL, LimitSpec(requests_per_minute=60, burst=1.0))
+    for _ in range(4):
+        lim.observe(MODEL, _refusal(1.0))
+        assert wait_of(lim) == pytest.approx(1.0, abs=0.01)
+        clock.advance(1.1)
+    lim.close()
+
+
+def test_a_long_block_is_stretched_by_a_minute_at_most() -> None:
+    clock = FakeClock()
+    lim = _zero_config(clock)
+    lim.observe(MODEL, _refusal(30.0))
+    clock.advance(30.1)
+    lim.observe(MODEL, _refusal(30.0))
+    assert 60.0 - 0.01 <= wait_of(lim) <= 90.0 + 0.01  # ×2..×3, never 30 s + more than 60 s
+    lim.close()
+
+
 def test_the_stretch_is_capped_and_forgotten_after_a_quiet_minute() -> None:
     from rateloop.admission.learning import STREAK_CAP, Streaks
 
@@ -292,7 +323,7 @@ def test_the_stretch_is_capped_and_forgotten_after_a_quiet_minute() -> None:
         factors.append(factor)
         now += factor + 0.01  # waited out each time
     assert factors == [1.0, 3.0, 6.0, 12.0, 24.0, 24.0, 24.0, 24.0]  # ×2^(n-1), cap 16, ×1.5
-    assert max(factors) == STREAK_CAP * 1.5
+    assert STREAK_CAP == 16.0
     # Not a refusal (an overload, a server error): no change.
     assert streaks.observe("s", ok=False, refused=False, wait=1.0, now=now, draw=lambda: 0.0) == 1
     # A minute after the last block ended the streak starts again.

@@ -215,22 +215,6 @@ def test_zero_config_processes_share_the_learned_burst(redis_url: str, redis_pre
         two.close()
 
 
-def test_processes_share_a_stated_limit_below_the_configured_one(
-    redis_url: str, redis_prefix: str
-) -> None:
-    limits = {MODEL: LimitSpec(requests_per_minute=600)}
-    one = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)
-    two = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)
-    try:
-        one.observe(MODEL, {"x-ratelimit-limit-requests": "120"})
-        # The other process never saw the header: it reads it on its next admission.
-        two.try_reserve(ROUTE, Cost())
-        assert two.limits_for(MODEL) == LimitSpec(requests_per_minute=120)
-    finally:
-        one.close()
-        two.close()
-
-
 def test_a_configured_burst_everywhere_reads_nothing(redis_url: str, redis_prefix: str) -> None:
     limits = {MODEL: LimitSpec(requests_per_minute=600, burst=1 / 60)}
     one = Limiter.from_url(redis_url, prefix=redis_prefix, limits=limits)

@@ -28,7 +28,14 @@ from rateloop._clock import Clock
 from rateloop.admission._driver import BackendDriver, _Do, _Done, _Flow
 from rateloop.admission.backend import Backend
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.learning import Learned, LearnedOp, Streaks, path, tightened
+from rateloop.admission.learning import (
+    Learned,
+    LearnedOp,
+    Streaks,
+    path,
+    stretched,
+    tightened,
+)
 from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import (
     AdmitPlan,
@@ -100,6 +107,8 @@ class KnownLimits(BackendDriver):
                 self._limits.pop(scope, None)
             else:
                 self._limits[scope] = spec
+            # Configured again: what the provider stated for it is learned anew.
+            self._learned.forget_stated(scope)
             self._forget_plans()
 
     def profile_of(self, scope: str) -> AccountingProfile:
@@ -170,9 +179,7 @@ class KnownLimits(BackendDriver):
                     checks.extend(build_checks(scope, spec, prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
             # Something can be learned: limits (nothing configured on the route) or
-            # the provider's burst (a configured scope without ``burst``), and with it
-            # the limits other processes were told (every process reads a limit the
-            # provider states on its own answers anyway).
+            # the provider's burst (a configured scope without ``burst``).
             configured = [self._limits[s] for s in scopes if s in self._limits]
             plan.learnable = not configured or any(c.burst is None for c in configured)
         with self._lock:
@@ -242,28 +249,33 @@ class KnownLimits(BackendDriver):
     ) -> tuple[Tightening, ...]:
         """Refused again after waiting what the provider said: wait longer.
 
-        Clients of one budget that do not share a limiter (zero-config
-        processes, a foreign client) each wait out the block a refusal
-        states and return together; a refused request still spends its slot,
-        so together they keep the provider's bucket empty and nobody is
-        served.  A refusal that arrives after this process's previous block
-        ended (it waited as told and was refused anyway) stretches the
-        stated block ×2, ×4 ... ×16, with up to half again at random; a
-        refusal during the block (a call already in flight) does not, and an
-        answer ends the streak.  See :class:`~rateloop.admission.learning.Streaks`.
+        Zero-config processes share no limiter: each waits out the block a
+        refusal states and they come back together; a refused request still
+        spends its slot, so together they keep the provider's bucket empty
+        and nobody is served.  On a scope with learned limits only, a 429
+        that arrives after this limiter's previous block ended (it waited as
+        told and was refused anyway) stretches the per-minute blocks it
+        states (see :class:`~rateloop.admission.learning.Streaks`).
+        Configured scopes are left as they are: their refusals are rare, and
+        a shared backend already coordinates their processes.
         """
-        blocking = [t.reset_after for t in tightenings
-                    if t.reset_after is not None and (t.remaining is None or t.remaining < 1)]
+        if target in self._limits:
+            return tightenings
+
+        def stretchable(t: Tightening) -> bool:
+            return (t.check.kind is CheckKind.BUCKET and t.reset_after is not None
+                    and t.reset_after > 0 and (t.remaining is None or t.remaining < 1))
+
+        blocks = [t.reset_after for t in tightenings if stretchable(t) and t.reset_after]
         factor = self._streaks.observe(
-            target, ok=signal.kind is Kind.OK, refused=signal.kind in _REFUSALS,
-            wait=max([*blocking, signal.retry_after or 0.0]), now=self._clock.monotonic(),
-            draw=self._rng.random,
+            target, ok=signal.kind is Kind.OK, refused=signal.kind is Kind.TEMPORARY,
+            wait=max(blocks, default=0.0), now=self._clock.monotonic(), draw=self._rng.random,
         )
-        if factor == 1.0 or not blocking:
+        if factor == 1.0:
             return tightenings
         return tuple(
-            replace(t, reset_after=t.reset_after * factor)
-            if t.reset_after is not None and (t.remaining is None or t.remaining < 1) else t
+            replace(t, reset_after=stretched(t.reset_after, factor))
+            if stretchable(t) and t.reset_after is not None else t
             for t in tightenings
         )
 
@@ -304,18 +316,14 @@ class KnownLimits(BackendDriver):
                 self._forget_plans()
             if self._learned_shared:
                 yield _Do(store)
+        # A limit the headers state lower than configured binds on the scope they
+        # describe -- the observed one, when it is configured -- never on a broader
+        # one (a model's total over several projects or keys, a provider-wide scope).
+        if self._learned.learn_stated(scope, signal):
+            self._warn_stated(scope)
+            with self._lock:
+                self._forget_plans()
         target = self._governing(scope)
-        # A limit the headers state lower than configured binds on the governing scope
-        # -- one of a model at least (``provider:model``): a provider-wide scope models
-        # something a model's headers do not describe.
-        if target is not None and ":" in target:
-            stated = self._learned.learn_stated(target, signal)
-            if stated is not None:
-                self._warn_stated(target)
-                with self._lock:
-                    self._forget_plans()
-                if self._learned_shared:
-                    yield _Do(stated)
         if target is not None and (burst_op := self._learned.learn_burst(target, signal)):
             # The provider's bucket is short (or shorter than known): the target's
             # buckets take its capacity -- their levels stay, so a larger capacity

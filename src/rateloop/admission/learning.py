@@ -40,7 +40,6 @@ __all__ = [
     "MARGIN_UNITS",
     "REFRESH_SECONDS",
     "SHORT_BUCKET",
-    "STATED",
     "STREAK_CAP",
     "LearnOp",
     "Learned",
@@ -49,6 +48,7 @@ __all__ = [
     "capacity_estimate",
     "learned_field",
     "path",
+    "stretched",
     "tightened",
 ]
 
@@ -66,9 +66,6 @@ MARGIN_UNITS = 1.0
 #: The field under which the backend keeps a scope's learned burst (a fraction of a
 #: minute, the largest capacity estimate seen; used only while below SHORT_BUCKET).
 BURST_FIELD = "burst"
-#: The prefix of the backend fields that keep the limits a provider states for a
-#: configured scope (``stated:requests_per_minute``).
-STATED = "stated:"
 #: A learned burst is written to the backend again only when it grew by more than this.
 _BURST_STEP = 1.02
 
@@ -254,35 +251,36 @@ class Learned:
         limits = tuple((n, int(getattr(spec, n))) for n in LEARNABLE if getattr(spec, n))
         return LearnOp(scope=scope, limits=limits)
 
-    def learn_stated(self, scope: str, signal: LimitSignal) -> LearnOp | None:
+    def learn_stated(self, scope: str, signal: LimitSignal) -> bool:
         """Take the limits ``signal`` states for ``scope``, a *configured* scope.
 
         A provider that states a limit below the configured one enforces its
         own: the configured value is a ceiling the provider may lower (a
         tier that is not the one configured, a limit changed since), never a
-        licence to draw 429s.  The limiter calls it for the governing scope
-        of a model (``provider:model``, or a narrower one), never for a
-        provider-wide scope.  The op stores them under ``stated:<field>``
-        when they changed.
+        licence to draw 429s.  Only the scope the headers describe (the
+        observed one) is affected, never a configured ancestor (a model's
+        total over several projects, a provider-wide scope).  Kept in this
+        process only: every answer states the limit again, so each process
+        reads it from its own first answer.  True when something changed.
         """
         if not self._configured(scope):
-            return None
+            return False
         found = {
             name: int(o.limit)
             for o in signal.observed
             if (name := learned_field(o)) is not None and o.limit is not None and o.limit >= 1
         }
-        if not found or not self._merge_stated(scope, found):
-            return None
-        return LearnOp(scope=scope, limits=tuple((STATED + n, v) for n, v in found.items()))
-
-    def _merge_stated(self, scope: str, found: Mapping[str, int]) -> bool:
         with self._lock:
             old = self.stated.get(scope, {})
-            if all(old.get(n) == v for n, v in found.items()):
+            if not found or all(old.get(n) == v for n, v in found.items()):
                 return False
             self.stated[scope] = {**old, **found}
         return True
+
+    def forget_stated(self, scope: str) -> None:
+        """``scope`` was configured anew: what its provider stated is learned again."""
+        with self._lock:
+            self.stated.pop(scope, None)
 
     def _merge(self, scope: str, found: Mapping[str, Any]) -> bool:
         with self._lock:
@@ -325,14 +323,6 @@ class Learned:
             }
             if valid and not any(self._configured(s) for s in path(scope)):
                 changed = self._merge(scope, valid) or changed
-            stated = {
-                n[len(STATED):]: int(v)
-                for n, v in limits.items()
-                if n.startswith(STATED) and n[len(STATED):] in LEARNABLE
-                and isinstance(v, int | float) and v >= 1
-            }
-            if stated and self._configured(scope):
-                changed = self._merge_stated(scope, stated) or changed
             held = limits.get(BURST_FIELD)
             if isinstance(held, int | float) and 0 < held <= 1:
                 changed = self._merge_capacity(scope, float(held)) or changed
@@ -341,8 +331,15 @@ class Learned:
 
 #: A refusal streak stretches the stated block at most this much (before the jitter).
 STREAK_CAP = 16.0
+#: ... and by at most this many seconds beyond the stated block.
+STREAK_MAX_EXTRA = 60.0
 #: A streak whose last block ended this long ago starts again.
 STREAK_FORGET_SECONDS = 60.0
+
+
+def stretched(wait: float, factor: float) -> float:
+    """A stated block of ``wait`` seconds stretched ``factor`` times (at most a minute more)."""
+    return min(wait * factor, wait + STREAK_MAX_EXTRA)
 
 
 @dataclass(slots=True)
@@ -352,13 +349,15 @@ class _Streak:
 
 
 class Streaks:
-    """Per scope: refusals in a row that came after their block was waited out.
+    """Per scope: 429s in a row that came after their block was waited out.
 
     :meth:`observe` returns the factor a refusal's stated block is stretched
-    by: 1 for the first refusal (and for any during a block: calls already in
-    flight), then ``min(2^(n-1), STREAK_CAP) × (1 + U(0, 0.5))`` for the
-    n-th refusal in a row that arrived after the previous block ended.  An
-    answer ends the streak; so does a minute without refusals.
+    by: 1 for the first refusal (and for any that arrives during a block: a
+    call already in flight, or that states no block), then
+    ``min(2^(n-1), STREAK_CAP) × (1 + U(0, 0.5))`` for the n-th refusal in a
+    row that arrived after the previous block ended; the stretch adds at most
+    :data:`STREAK_MAX_EXTRA` seconds (:func:`stretched`).  An answer ends the
+    streak; so does a minute without refusals.
     """
 
     def __init__(self) -> None:
@@ -371,8 +370,8 @@ class Streaks:
             if ok:
                 self._streaks.pop(scope, None)
                 return 1.0
-            if not refused:
-                return 1.0
+            if not refused or wait <= 0:
+                return 1.0  # no block stated: nothing to wait out, no evidence
             streak = self._streaks.get(scope)
             if streak is not None and now < streak.until:
                 return 1.0  # in flight before the block began: no new evidence
@@ -384,5 +383,5 @@ class Streaks:
             factor = 1.0
             if streak.count > 1:
                 factor = min(2.0 ** (streak.count - 1), STREAK_CAP) * (1.0 + 0.5 * draw())
-            streak.until = now + max(0.0, wait) * factor
+            streak.until = now + stretched(wait, factor)
             return factor
