@@ -166,9 +166,13 @@ def test_traces_in_csv_and_jsonl(tmp_path: Path) -> None:
     assert [(t.start, len(t.calls)) for t in load_trace(blanks).tasks] == [
         (0.0, 1), (2.5, 1), (1.0, 2)]
     negative = tmp_path / "negative.csv"
-    negative.write_text("input_tokens,max_tokens,start\n10,5,-1\n")
-    with pytest.raises(ValueError, match=r"row 1: start must be seconds >= 0, got '-1'"):
+    negative.write_text("task,input_tokens,max_tokens,start\na,10,5,0\na,10,5,-1\n")
+    with pytest.raises(ValueError, match=r"row 2: start must be seconds >= 0, got '-1'"):
         load_trace(negative)
+    boolean = tmp_path / "bool.jsonl"
+    boolean.write_text('{"input_tokens": 10, "max_tokens": 5, "start": true}\n')
+    with pytest.raises(ValueError, match=r"row 1: start must be seconds >= 0, got True"):
+        load_trace(boolean)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_tokens": 10}\n')
     with pytest.raises(ValueError, match="missing 'max_tokens'"):

@@ -48,8 +48,10 @@ class DimensionPlan:
     limit: int
     demand: float  # units the whole workload needs
     per_call: float  # mean units one call costs
-    seconds: float  # the least time this dimension allows (the last call answered)
+    seconds: float  # the least time this dimension allows (the last call answered); inf:
+    #                 a call costs more than the whole minute's limit and never fits
     needed_for_target: int | None  # the limit that would meet the target
+    largest: float = 0.0  # what the largest call costs
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +83,21 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The plan in plain sentences."""
+        finish = (f"{self.calls} calls cannot all finish (bound by {self.binding})."
+                  if math.isinf(self.completion_secs) else
+                  f"{self.calls} calls finish in {self.completion_secs:,.0f} s at best "
+                  f"(bound by {self.binding}).")
         out = [
-            f"{self.calls} calls finish in {self.completion_secs:,.0f} s at best "
-            f"(bound by {self.binding}).",
+            finish,
             f"Sustainable rate: {self.calls_per_minute:,.1f} calls/min; each call takes "
             f"{self.latency:g} s, so about {self.useful_concurrency} call(s) in flight is all the "
             "limits can use (Little's law): more concurrency only adds waiting or 429s.",
         ]
         for d in self.dimensions:
+            if math.isinf(d.seconds):
+                out.append(f"  {d.name} {d.limit:,}: a call needs {d.largest:,.0f}, more than the "
+                           "whole minute's limit: it is refused whatever the wait")
+                continue
             out.append(f"  {d.name} {d.limit:,}: needs {d.demand:,.0f} ({d.per_call:,.0f}/call) "
                        f"-> {d.seconds:,.0f} s")
         if self.day_shortfall:
@@ -128,6 +137,8 @@ def bucket_seconds(demand: float, largest: float, limit: int, burst: float,
     holds ``min(largest, bucket)``, so what exceeds the bucket needs no
     refill; its answer takes ``latency``.
     """
+    if largest > limit:  # the provider refuses it for good (more than a minute's limit)
+        return math.inf
     rate = limit / 60.0
     capacity = max(1.0, rate * burst)
     return max(0.0, (demand - max(0.0, largest - capacity) - capacity) / rate) + latency
@@ -136,7 +147,8 @@ def bucket_seconds(demand: float, largest: float, limit: int, burst: float,
 def _limit_for(demand: float, largest: float, burst: float, latency: float,
                target: float) -> int:
     """The least per-minute limit whose :func:`bucket_seconds` is within ``target``."""
-    low, high = 1, max(1, math.ceil(60.0 * demand / max(target - latency, 1e-6)) + 1)
+    low = max(1, math.ceil(largest))
+    high = max(low, math.ceil(60.0 * demand / max(target - latency, 1e-6)) + 1)
     while low < high:  # bucket_seconds falls as the limit grows
         mid = (low + high) // 2
         if bucket_seconds(demand, largest, mid, burst, latency) <= target + 1e-9:
@@ -185,7 +197,7 @@ def plan_of(workload: Workload, limits: FakeLimits, profile: Profile, latency: f
         per_call = demand / len(calls)
         seconds = bucket_seconds(demand, largest, limit, burst, latency)
         needed = None if meet is None else _limit_for(demand, largest, burst, latency, meet)
-        dims.append(DimensionPlan(name, limit, demand, per_call, seconds, needed))
+        dims.append(DimensionPlan(name, limit, demand, per_call, seconds, needed, largest))
         if needed is not None and needed > limit:
             raises.append(Raise(name, limit, needed))
         bounds.append((seconds, f"{label} per minute ({name})"))

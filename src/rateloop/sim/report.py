@@ -32,11 +32,13 @@ class MissingExtra(RuntimeError):
 def duration(seconds: float | None) -> str:
     """``12.3s``, ``5m04s``, ``1h02m``, or ``-``.
 
-    >>> duration(12.34), duration(304), duration(3725), duration(None)
-    ('12.3s', '5m04s', '1h02m', '-')
+    >>> duration(12.34), duration(304), duration(3725), duration(None), duration(math.inf)
+    ('12.3s', '5m04s', '1h02m', '-', 'never')
     """
     if seconds is None or math.isnan(seconds):
         return "-"
+    if math.isinf(seconds):
+        return "never"  # a call larger than a minute's limit: the provider refuses it for good
     if seconds < 120:
         return f"{seconds:.1f}s"
     if seconds < 3600:
@@ -56,7 +58,7 @@ def summary(result: RunResult) -> dict[str, Any]:
         "deferred": result.deferred,
         "lost": result.lost,
         "wall_secs": round(result.wall, 3),
-        "ideal_secs": round(result.ideal, 3),
+        "ideal_secs": None if math.isinf(result.ideal) else round(result.ideal, 3),
         "efficiency": round(result.efficiency, 4),
         "rejected_per_success": None if math.isinf(rejected) else round(rejected, 4),
         "attempts_per_call": round(result.attempts_per_call, 4),

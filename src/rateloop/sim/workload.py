@@ -125,7 +125,7 @@ def _start(raw: Any, where: str) -> float:
     if raw is None or str(raw).strip() == "":
         return 0.0
     try:
-        value = float(raw)
+        value = math.nan if isinstance(raw, bool) else float(raw)
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value) or value < 0:
@@ -171,8 +171,8 @@ def load_trace(path: Path, *, processes: int = 1) -> Workload:
         task = row.get("task")
         key = ("row", str(n)) if task is None or str(task).strip() == "" else ("task", str(task))
         tasks.setdefault(key, []).append(call)
-        if key not in starts:
-            starts[key] = _start(row.get("start"), where)
+        start = _start(row.get("start"), where)  # every row's is checked; the first one counts
+        starts.setdefault(key, start)
     specs = tuple(
         TaskSpec(starts[k], tuple(calls), group=i % processes)
         for i, (k, calls) in enumerate(tasks.items())

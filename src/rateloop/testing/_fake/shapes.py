@@ -79,13 +79,14 @@ def go_duration(seconds: float) -> str:
 
     >>> go_duration(0.02), go_duration(1.5), go_duration(360), go_duration(3723)
     ('20ms', '1.5s', '6m0s', '1h2m3s')
-    >>> go_duration(59.9999), go_duration(119.9996), go_duration(3599.9999)
-    ('1m0s', '2m0s', '1h0m0s')
+    >>> go_duration(59.9999), go_duration(119.9996), go_duration(3599.9999), go_duration(1.0004)
+    ('1m0s', '2m0s', '1h0m0s', '1.001s')
     """
     if seconds < 1:
         return f"{max(0, math.ceil(seconds * 1000))}ms"
-    # Whole milliseconds first, so that 119.9996 s reads 2m0s, never 1m60s.
-    hours, rest = divmod(round(seconds * 1000), 3_600_000)
+    # Whole milliseconds first (rounded up, as under a second: a wait is never told
+    # short), so that 119.9996 s reads 2m0s, never 1m60s.
+    hours, rest = divmod(math.ceil(round(seconds * 1000, 6)), 3_600_000)
     minutes, millis = divmod(rest, 60_000)
     secs_text = f"{millis / 1000:g}s"
     if hours:
