@@ -397,7 +397,7 @@ def _forget_redis_keys(prefix: str) -> None:
 
 
 def _gap(sim: float | None, real: float | None) -> str:
-    if sim is None or real is None:
+    if sim is None or real is None or math.isnan(real):
         return "-"
     if max(abs(sim), abs(real)) < 0.05:
         return "both < 0.05"
@@ -436,8 +436,9 @@ def _run_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, 
         for strategy in strategies:
             sc = scenario(name, tasks=args.tasks, calls=args.calls, seed=args.seed,
                           profile=PROFILE_OF.get(strategy, "openai"))
-            reals = [_real(sc, strategy, (name, args.tasks, args.calls, args.seed), run=n)
-                     for n in range(1, args.real_runs + 1)]
+            reals = [] if args.sim_only else [
+                _real(sc, strategy, (name, args.tasks, args.calls, args.seed), run=n)
+                for n in range(1, args.real_runs + 1)]
             model = MODEL_OF.get(strategy, strategy)
             sims = [run_strategy(sc, model, seed=k) for k in range(1, args.sim_seeds + 1)]
             for n, real in enumerate(reals, 1):
@@ -483,6 +484,8 @@ def main() -> None:
                         help="simulate jitter seeds 1..N; the gap uses their median")
     parser.add_argument("--real-runs", type=int, default=1,
                         help="real runs per pair; the gap uses their median")
+    parser.add_argument("--sim-only", action="store_true",
+                        help="only the simulator's side (seconds, no server): its medians")
     args = parser.parse_args()
     strategies = [s for s in args.strategies.split(",") if s]
     # LiteLLM: no network (its model-price map is bundled), no chatter on stderr.
