@@ -132,12 +132,9 @@ class KnownLimits(BackendDriver):
         """
         spec = self._limits.get(scope)
         if spec is not None:
-            stated = self._learned.stated.get(scope)
-            if stated:
-                lower: dict[str, Any] = {n: v for n, v in stated.items()
-                                         if (mine := getattr(spec, n)) is not None and v < mine}
-                if lower:  # the provider enforces less than configured: its limit binds
-                    spec = replace(spec, **lower)
+            lower: dict[str, Any] = self._stated_below(scope, spec)
+            if lower:  # the provider enforces less than configured: its limit binds
+                spec = replace(spec, **lower)
         else:
             spec = self._learned.specs.get(scope)
         if spec is not None and spec.burst is None:
@@ -234,15 +231,22 @@ class KnownLimits(BackendDriver):
             done = yield _Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
             self._note_refused((scope,), done[0].until, done[2])
 
+    def _stated_below(self, scope: str, spec: LimitSpec) -> dict[str, int]:
+        """The limits the provider states for ``scope`` below its configured ``spec``."""
+        return {n: v for n, v in self._learned.stated.get(scope, {}).items()
+                if (mine := getattr(spec, n)) is not None and v < mine}
+
     def _warn_stated(self, scope: str) -> None:
         """Say once per value when the provider states less than was configured."""
         configured = self._limits.get(scope)
-        for name, value in self._learned.stated.get(scope, {}).items():
-            mine = getattr(configured, name, None)
-            if mine is not None and value < mine and (scope, name, value) not in self._warned:
+        if configured is None:
+            return
+        for name, value in self._stated_below(scope, configured).items():
+            if (scope, name, value) not in self._warned:
                 self._warned.add((scope, name, value))
                 log.warning("%s: the provider states %s = %d, below the configured %d: "
-                            "admitting at the provider's limit", scope, name, value, mine)
+                            "admitting at the provider's limit", scope, name, value,
+                            getattr(configured, name))
 
     def _stretch_blocks(
         self, target: str, signal: LimitSignal, tightenings: tuple[Tightening, ...]

@@ -48,6 +48,7 @@ __all__ = [
     "capacity_estimate",
     "learned_field",
     "path",
+    "stated_limits",
     "stretched",
     "tightened",
 ]
@@ -127,6 +128,17 @@ def learned_field(o: Observed) -> str | None:
     if o.window == DAY and o.dimension in (Dimension.REQUESTS, Dimension.REQUESTS_PER_DAY):
         return "requests_per_day"
     return None
+
+
+def stated_limits(signal: LimitSignal) -> dict[str, int]:
+    """The :class:`LimitSpec` fields ``signal``'s headers state a limit for (known windows;
+    the first statement of a field wins): ``{"requests_per_minute": 500, ...}``."""
+    found: dict[str, int] = {}
+    for o in signal.observed:
+        name = learned_field(o)
+        if name is not None and o.limit is not None and o.limit >= 1:
+            found.setdefault(name, int(o.limit))
+    return found
 
 
 def capacity_estimate(
@@ -240,11 +252,7 @@ class Learned:
         """Take limits from ``signal`` for ``scope``; the op storing them if they changed."""
         if any(self._configured(s) for s in path(scope)):
             return None
-        found: dict[str, Any] = {}
-        for o in signal.observed:
-            name = learned_field(o)
-            if name is not None and o.limit is not None and o.limit >= 1:
-                found.setdefault(name, int(o.limit))
+        found = stated_limits(signal)
         if not found or not self._merge(scope, found):
             return None
         spec = self.specs[scope]
@@ -265,11 +273,7 @@ class Learned:
         """
         if not self._configured(scope):
             return False
-        found = {
-            name: int(o.limit)
-            for o in signal.observed
-            if (name := learned_field(o)) is not None and o.limit is not None and o.limit >= 1
-        }
+        found = stated_limits(signal)
         with self._lock:
             old = self.stated.get(scope, {})
             if not found or all(old.get(n) == v for n, v in found.items()):

@@ -11,8 +11,9 @@ than the bucket is let in from a full one and leaves it in debt):
   call's answer takes ``latency`` more; the workload needs the largest of
   these over every limited dimension, and never less than its longest task's
   own chain of calls (arrival + ``calls × latency``) nor, with a concurrency
-  limit ``C``, than ``ceil(calls / C) × latency``.  :func:`least_seconds` is
-  this bound; the simulator's "quota-bound ideal" is the same number.
+  limit ``C``, than ``ceil(calls / C) × latency``.  :func:`bucket_seconds` is
+  one dimension's bound and :func:`plan_of` the workload's; the simulator's
+  "quota-bound ideal" is the same number.
 - **Useful concurrency (Little's law).** In steady state the calls in flight
   are ``N = λ × W``: the sustainable call rate ``λ`` (the tightest limit
   divided by what one call costs in it) times the time a call takes ``W``.
