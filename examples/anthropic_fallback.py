@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 
 from rateloop import AsyncRateLoop, Outcome, Policy, Route
-from rateloop.events import ConsoleSink
+from rateloop.outcome import ConsoleSink
 from rateloop.integrations.sdk import async_anthropic_client
 from rateloop.testing import FakeProvider, FakeProviderServer, FaultScript
 

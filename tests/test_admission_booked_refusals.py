@@ -20,8 +20,8 @@ import pytest
 from _vfleet import run_fleet
 from rateloop import Cost, Route
 from rateloop.admission import Limiter, LimitSpec
-from rateloop.events import CapacityEvent, DecisionKind
 from rateloop.loop import RateLoop
+from rateloop.outcome.events import CapacityEvent, DecisionKind
 from rateloop.policy import Policy
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.testing import FakeClock

@@ -19,9 +19,9 @@ import pytest
 
 from _vfleet import run_fleet
 from rateloop import Route
-from rateloop._flow import ARRIVAL_SLACK_SECS
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.loop import RateLoop
+from rateloop.loop.flow import ARRIVAL_SLACK_SECS
 from rateloop.policy import Policy
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.testing import FakeClock, FaultScript

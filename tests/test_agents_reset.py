@@ -20,8 +20,8 @@ from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.banner import WAIT_CHUNK_SECS, wait_until
 from rateloop.agents.settings import parse_wait_limit
 from rateloop.agents.step import RESET_MARGIN_SECS
-from rateloop.events import RecordingSink
 from rateloop.outcome import Status
+from rateloop.outcome.events import RecordingSink
 from rateloop.testing import FakeClock
 
 NOON = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

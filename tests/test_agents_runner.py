@@ -18,8 +18,8 @@ import pytest
 from agent_scripts.harness import FakeAgent, install_agent, is_gone
 from rateloop.agents import AgentSettings, StepFailure, exit_code_for, run_step
 from rateloop.agents.settings import SettingsLayer, resolve_settings
-from rateloop.events import RecordingSink
 from rateloop.outcome import Status
+from rateloop.outcome.events import RecordingSink
 from rateloop.signal import Kind
 from rateloop.testing import FakeClock
 

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rateloop import budget, outcome
-from rateloop.budget import CallBudget, RunBudget
+from rateloop import outcome
 from rateloop.testing import FakeClock
-from rateloop.timing import Backoff, plan_wait
+from rateloop.timing import budget
+from rateloop.timing.backoff import Backoff, plan_wait
+from rateloop.timing.budget import CallBudget, RunBudget
 
 
 def test_attempt_ledger_is_reexported_not_redefined() -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from rateloop.budget import ERROR_KINDS, CallBudget, RunBudget
 from rateloop.errors import ConfigError
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
@@ -22,6 +21,7 @@ from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.signal import Kind
 from rateloop.testing import FakeClock, FaultScript
+from rateloop.timing.budget import ERROR_KINDS, CallBudget, RunBudget
 
 A = Route(provider="openai", model="a")
 URL = "https://api.openai.com/v1/chat/completions"

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rateloop.cli import app
-from rateloop.config_cli import schedule_rows
-from rateloop.timing import Backoff
+from rateloop.policy.cli import schedule_rows
+from rateloop.timing.backoff import Backoff
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "policy.toml"
 

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from _http_faults import throttle
-from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind
 from rateloop.loop import AsyncRateLoop, RateLoop
-from rateloop.outcome import Outcome, Status
+from rateloop.outcome import CapacityEvent, ConsoleSink, DecisionKind, Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.testing import FakeClock, FaultScript

@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from rateloop.errors import SdkRetriesWarning
-from rateloop.events import LoggingSink, RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
+from rateloop.outcome.events import LoggingSink, RecordingSink
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.signal import Kind
 from rateloop.testing import FakeClock, FaultScript
-from rateloop.writes import WriteOutcome
+from rateloop.timing.writes import WriteOutcome
 
 OPENAI = "https://api.openai.com/v1/chat/completions"
 ANTHROPIC = "https://api.anthropic.com/v1/messages"
@@ -527,7 +527,7 @@ def test_events_never_carry_keys_or_prompts(
     )
     err = httpx.HTTPStatusError(f"{prompt} {secret}", request=request, response=resp)
     sink = RecordingSink()
-    caplog.set_level(logging.INFO, logger="rateloop.events")
+    caplog.set_level(logging.INFO, logger="rateloop.outcome.events")
 
     def both(event: Any) -> None:
         sink(event)
@@ -557,7 +557,7 @@ def test_one_event_per_decision(run: Runner) -> None:
 
 
 def test_run_budget_bounds_attempts_across_the_calls_of_a_task(clock: FakeClock) -> None:
-    from rateloop.budget import RunBudget
+    from rateloop.timing.budget import RunBudget
 
     run_budget = RunBudget(5)
     loop = RateLoop(policy(max_attempts=3), clock=clock, run_budget=run_budget)

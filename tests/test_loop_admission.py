@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from _http_faults import throttle
-from rateloop._flow import ARRIVAL_SLACK_SECS, BOOK_HORIZON_SECS
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
 from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.loop.flow import ARRIVAL_SLACK_SECS, BOOK_HORIZON_SECS
 from rateloop.outcome import Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route

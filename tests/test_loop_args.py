@@ -10,8 +10,8 @@ import pytest
 
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.errors import LimitsWarning
-from rateloop.events import LoggingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.outcome.events import LoggingSink
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock, FaultScript
 

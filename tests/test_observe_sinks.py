@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
-from rateloop.events import RecordingSink
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.observe.otel import OTelSink
 from rateloop.observe.prometheus import PrometheusSink
 from rateloop.outcome import Status
+from rateloop.outcome.events import RecordingSink
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock, FaultScript
@@ -337,7 +337,7 @@ def test_otel_metrics_reach_the_in_memory_reader(otel: Any) -> None:
     RateLoop(policy(), clock=clock, sinks=[sink]).call(fn, route=A)
     points = otel_points(reader)
     (wait,) = [
-        p for p in points["rateloop.decisions"] if p.attributes["rateloop.decision"] == "wait"
+        p for p in points["rateloop.decisions"] if p.attributes["rateloop.timing.decide"] == "wait"
     ]
     assert wait.value == 1
     assert wait.attributes["rateloop.tenant"] == "t7"

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from rateloop.admission.spec import LimitSpec
-from rateloop.budget import CallBudget
 from rateloop.errors import ConfigError
 from rateloop.policy import (
     AdmissionPolicy,
@@ -24,7 +23,8 @@ from rateloop.policy import (
     Policy,
 )
 from rateloop.route import Route
-from rateloop.timing import Backoff
+from rateloop.timing.backoff import Backoff
+from rateloop.timing.budget import CallBudget
 
 
 def nested(dotted: str, value: Any) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from agent_scripts.harness import FakeAgent, install_agent
+from rateloop.agents.parked import AGENT_TASK, park_agent_step
 from rateloop.outcome import Outcome, Status
 from rateloop.tasks import TaskState, open_store
-from rateloop.tasks.agent_steps import AGENT_TASK, park_agent_step
 from rateloop.testing import FakeClock
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rateloop import Outcome, Policy, RateLoop, Route, Status
+from rateloop import Outcome, Policy, Priority, RateLoop, Route, Status
 from rateloop.loop import AsyncRateLoop
 from rateloop.tasks import (
     AsyncTaskRunner,
@@ -447,8 +447,8 @@ def test_admission_is_checked_when_a_task_is_taken_with_its_class(
     run()
     b = store.get(second.task_id)
     assert b is not None and b.state is TaskState.COMPLETED
-    expected = "interactive" if cls == "safety" else cls
-    assert set(asked) == {expected}
+    assert set(asked) == {cls}  # the one Priority: safety is admitted at interactive's rank
+    assert Priority.SAFETY.rank == Priority.INTERACTIVE.rank
 
 
 def test_logs_name_the_task_never_its_arguments(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rateloop.timing import Backoff, WaitPlan, plan_wait
+from rateloop.timing.backoff import Backoff, WaitPlan, plan_wait
 
 
 def fixed(*values: float) -> Callable[[], float]:

@@ -24,7 +24,6 @@ from rateloop.admission import (
     Reservation,
 )
 from rateloop.agents import AgentSettings, StepFailure, run_step
-from rateloop.budget import CallBudget, RunBudget
 from rateloop.classify import (
     classify,
     classify_exception,
@@ -32,9 +31,7 @@ from rateloop.classify import (
     classify_text,
     detect_provider,
 )
-from rateloop.decision import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
-from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, LoggingSink, RecordingSink
 from rateloop.integrations.clients import (
     anthropic_client,
     async_anthropic_client,
@@ -42,8 +39,10 @@ from rateloop.integrations.clients import (
     genai_client,
     openai_client,
 )
-from rateloop.loop import AsyncRateLoop, RateLoop
-from rateloop.outcome import AttemptLedger, Attempts, Outcome, Status
+from rateloop.loop.drivers import AsyncRateLoop, RateLoop
+from rateloop.outcome.console import ConsoleSink
+from rateloop.outcome.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
+from rateloop.outcome.record import AttemptLedger, Attempts, Outcome, Status
 from rateloop.policy import (
     AdmissionPolicy,
     AgentsPolicy,
@@ -53,11 +52,13 @@ from rateloop.policy import (
     Policy,
     PolicyWarning,
 )
-from rateloop.route import Cost, Route
+from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.tasks import AsyncTaskRunner, TaskRunner, TaskState, task
-from rateloop.timing import Backoff, WaitPlan, plan_wait
-from rateloop.writes import WriteOutcome
+from rateloop.timing.backoff import Backoff, WaitPlan, plan_wait
+from rateloop.timing.budget import CallBudget, RunBudget
+from rateloop.timing.decide import Decision, FallBack, Proceed, Stop, Wait, decide
+from rateloop.timing.writes import WriteOutcome
 
 __all__ = [
     "AdmissionPolicy",
@@ -94,6 +95,7 @@ __all__ = [
     "Outcome",
     "Policy",
     "PolicyWarning",
+    "Priority",
     "Proceed",
     "RateLimitExhausted",
     "RateLoop",

@@ -11,9 +11,9 @@ import typer
 from rateloop import __version__
 from rateloop.agents.cli import register as _register_run
 from rateloop.classify.cli import register as _register_classify
-from rateloop.config_cli import register as _register_config
 from rateloop.observe.cli import register_dashboard as _register_dashboard
 from rateloop.observe.cli import register_status as _register_status
+from rateloop.policy.cli import register as _register_config
 from rateloop.sim.cli import register as _register_simulate
 from rateloop.tasks.cli import register_tasks as _register_tasks
 from rateloop.tasks.cli import register_worker as _register_worker
@@ -25,6 +25,13 @@ app = typer.Typer(
     add_completion=False,
     help="Keep AI agents working when providers push back: Read, Admit, Time, Exit.",
 )
+
+
+def _load_parked_agent_step() -> object:
+    """The parked CLI agent step (``rateloop run --queue``): every worker can run it."""
+    from rateloop.agents import parked
+
+    return parked
 
 
 def _show_version(value: bool) -> None:
@@ -52,7 +59,7 @@ _register_run(app)
 _register_status(app)
 _register_dashboard(app)
 _register_fake_provider(app)
-_register_worker(app)
+_register_worker(app, builtin_tasks=[_load_parked_agent_step])
 _register_tasks(app)
 _register_simulate(app)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rateloop._redact import redact
 
 if TYPE_CHECKING:
-    from rateloop.outcome import Outcome
+    from rateloop.outcome.record import Outcome
 
 __all__ = [
     "BackendError",

@@ -3,8 +3,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
-__all__ = ["Cost", "Route"]
+__all__ = ["Cost", "Priority", "Route"]
+
+
+class Priority(StrEnum):
+    """How urgent a call or a task is, most urgent first: the one priority vocabulary.
+
+    The task queue orders by it (with aging, so later classes get through); admission
+    keeps ``reserve`` of each capacity free per class above (:attr:`rank`): ``safety``
+    (safety and recovery work) is admitted like ``interactive``, ``scheduled`` must
+    leave ``reserve``, ``background`` ``2 × reserve``.
+    """
+
+    SAFETY = "safety"
+    INTERACTIVE = "interactive"
+    SCHEDULED = "scheduled"
+    BACKGROUND = "background"
+
+    @property
+    def rank(self) -> int:
+        """The admission class: 0 for ``safety`` and ``interactive``, then 1 and 2."""
+        return _RANKS[self]
+
+    @classmethod
+    def parse(cls, value: str) -> Priority:
+        """``value`` as a :class:`Priority`, or a ``ValueError`` naming what is allowed."""
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown priority {value!r} (allowed: {allowed})") from None
+
+
+_RANKS = {
+    Priority.SAFETY: 0,
+    Priority.INTERACTIVE: 0,
+    Priority.SCHEDULED: 1,
+    Priority.BACKGROUND: 2,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

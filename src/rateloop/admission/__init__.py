@@ -9,7 +9,6 @@ from rateloop.admission.backend import Backend, BackendUnreachable, register_bac
 from rateloop.admission.gcra import AIMD
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.memory import MemoryBackend
-from rateloop.admission.plan import Priority
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -17,6 +16,7 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.spec import LimitSpec
+from rateloop.route import Priority
 
 __all__ = [
     "AIMD",

@@ -43,14 +43,13 @@ from rateloop.admission.plan import (
     CheckKind,
     ObserveOp,
     PauseOp,
-    Priority,
     Tightening,
     build_checks,
 )
 from rateloop.admission.profile import AccountingProfile, profile_for
 from rateloop.admission.spec import LimitSpec
 from rateloop.admission.subscription import subscription_block
-from rateloop.route import Route
+from rateloop.route import Priority, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed, clamp_wait
 
 __all__ = ["KnownLimits"]

@@ -38,7 +38,7 @@ from rateloop.admission._driver import LOCAL_RETRY_SECONDS, _Do, _Done, _Flow, _
 from rateloop.admission._known import KnownLimits
 from rateloop.admission.backend import Backend, backend_from_url
 from rateloop.admission.gcra import AIMD, pause_spread
-from rateloop.admission.plan import AdmitOp, AdmitResult, Check, Priority
+from rateloop.admission.plan import AdmitOp, AdmitResult, Check
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -46,7 +46,7 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.spec import LimitSpec
-from rateloop.route import Cost, Route
+from rateloop.route import Cost, Priority, Route
 from rateloop.signal import LimitSignal, clamp_wait
 
 if TYPE_CHECKING:

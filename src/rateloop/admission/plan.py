@@ -26,7 +26,7 @@ from typing import NamedTuple
 from rateloop.admission.gcra import AIMD, DAY
 from rateloop.admission.profile import PROFILES, AccountingProfile, default_burst
 from rateloop.admission.spec import LimitSpec
-from rateloop.route import Cost
+from rateloop.route import Cost, Priority
 from rateloop.signal import Dimension
 
 __all__ = [
@@ -47,32 +47,6 @@ __all__ = [
 ]
 
 
-class Priority(StrEnum):
-    """Admission classes, highest first.
-
-    A lower class is admitted only while ``reserve`` of each capacity stays
-    free for the classes above it: ``scheduled`` must leave ``reserve``,
-    ``background`` ``2 × reserve``.
-    """
-
-    INTERACTIVE = "interactive"
-    SCHEDULED = "scheduled"
-    BACKGROUND = "background"
-
-    @property
-    def rank(self) -> int:
-        return _RANKS[self]
-
-    @classmethod
-    def parse(cls, value: str | Priority) -> Priority:
-        try:
-            return cls(value)
-        except ValueError:
-            allowed = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown priority {value!r} (allowed: {allowed})") from None
-
-
-_RANKS = {Priority.INTERACTIVE: 0, Priority.SCHEDULED: 1, Priority.BACKGROUND: 2}
 
 
 class CheckKind(StrEnum):

@@ -27,11 +27,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from rateloop.admission.plan import AdmitPlan, Check, Priority, SettleOp
+from rateloop.admission.plan import AdmitPlan, Check, SettleOp
 from rateloop.admission.profile import usage_charge
 from rateloop.errors import RateloopError
-from rateloop.outcome import Status
-from rateloop.route import Cost, Route
+from rateloop.outcome.record import Status
+from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension
 
 if TYPE_CHECKING:

@@ -267,8 +267,8 @@ def run_command(
             )
         raise typer.Exit(stop.exit_code) from None
     if queue is not None and outcome.status.value.startswith("waiting_for_"):
+        from rateloop.agents.parked import park_from_cli
         from rateloop.agents.step import RESET_MARGIN_SECS
-        from rateloop.tasks.agent_steps import park_from_cli
 
         raise typer.Exit(park_from_cli(
             queue, command, outcome, margin_secs=RESET_MARGIN_SECS, agent=agent,

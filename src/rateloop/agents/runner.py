@@ -51,8 +51,8 @@ from rateloop.agents.step import (
     WaitForReset,
 )
 from rateloop.classify import classify_text
-from rateloop.events import CapacityEvent, DecisionKind, EventSink, signal_fields
-from rateloop.outcome import AttemptLedger, Outcome
+from rateloop.outcome.events import CapacityEvent, DecisionKind, EventSink, signal_fields
+from rateloop.outcome.record import AttemptLedger, Outcome
 from rateloop.route import Route
 from rateloop.signal import LimitSignal
 
@@ -94,7 +94,7 @@ def run_step(
     the child's stderr and the final error go to ``stderr`` (default:
     ``sys.stderr``).  Waits go through ``clock`` (default: the system clock).
     Each decision after a rate limit (wait, retry, fallback, stop, success
-    after a retry) is a :class:`~rateloop.events.CapacityEvent`, sent to
+    after a retry) is a :class:`~rateloop.outcome.events.CapacityEvent`, sent to
     ``sinks`` and kept in ``Outcome.events``; events name the step by its
     label and never carry the command's arguments (the prompt).
 

@@ -41,9 +41,9 @@ from rateloop.agents.banner import (
 from rateloop.agents.command import AUTO_MODEL, Agent
 from rateloop.agents.excerpt import OutputExcerpt, excerpt_of
 from rateloop.agents.settings import AgentSettings
-from rateloop.outcome import Status
+from rateloop.outcome.record import Status
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing import Backoff
+from rateloop.timing.backoff import Backoff
 
 __all__ = [
     "EXIT_TEMPFAIL",

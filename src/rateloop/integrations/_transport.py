@@ -41,12 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rateloop._args import check_policy
 from rateloop._clock import Clock
-from rateloop._effects import Effect, LimiterCall
 from rateloop.classify import classify_exception
 from rateloop.errors import RateLimitExhausted
-from rateloop.events import EventSink
 from rateloop.integrations._body import (
     DEFAULT_MAX_BODY_BYTES,
     BodyBudget,
@@ -62,8 +59,11 @@ from rateloop.integrations._stream import (
     StreamInterrupted,
     SyncStreamBody,
 )
-from rateloop.loop import AsyncRateLoop, CallOptions, RateLoop
-from rateloop.outcome import Outcome
+from rateloop.loop.args import check_policy
+from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
+from rateloop.loop.effects import Effect, LimiterCall
+from rateloop.outcome.events import EventSink
+from rateloop.outcome.record import Outcome
 from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.signal import LimitSignal

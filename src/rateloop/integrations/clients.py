@@ -30,7 +30,7 @@ import importlib
 from typing import Any
 
 from rateloop.admission import Limiter
-from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.loop.drivers import AsyncRateLoop, RateLoop
 from rateloop.policy import Policy
 
 __all__ = [

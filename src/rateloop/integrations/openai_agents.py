@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rateloop.classify import classify_exception
-from rateloop.decision import in_trigger_scope
 from rateloop.integrations._transport import OUTCOME_KEY
 from rateloop.integrations.clients import async_openai_client
 from rateloop.policy import Policy
-from rateloop.timing import plan_wait
+from rateloop.timing.backoff import plan_wait
+from rateloop.timing.decide import in_trigger_scope
 
 try:
     import agents

@@ -17,41 +17,21 @@ requests the provider saw:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
-# Requests sent by helper-built clients during the current attempt (None: not counting).
-_requests_seen: ContextVar[list[int] | None] = ContextVar("rateloop_sdk_requests", default=None)
-
-
-@contextmanager
-def counting_requests() -> Iterator[list[int]]:
-    """Count the requests helper-built clients send inside the block: ``box[0]``."""
-    box = [0]
-    token = _requests_seen.set(box)
-    try:
-        yield box
-    finally:
-        _requests_seen.reset(token)
-
-
-def _on_request(request: object) -> None:
-    box = _requests_seen.get()
-    if box is not None:
-        box[0] += 1
-
-
-async def _aon_request(request: object) -> None:
-    _on_request(request)
+from rateloop.loop.sdk_count import (
+    acount_request,
+    count_request,
+    counting_requests,
+    sdk_retries_taken,
+)
 
 
 def _counted(client: Any, *, is_async: bool) -> Any:
     """Add the request-counting hook to an SDK client's underlying httpx client."""
     hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
     if isinstance(hooks, dict):
-        hooks.setdefault("request", []).append(_aon_request if is_async else _on_request)
+        hooks.setdefault("request", []).append(acount_request if is_async else count_request)
     return client
 
 __all__ = [
@@ -62,29 +42,6 @@ __all__ = [
     "openai_client",
     "sdk_retries_taken",
 ]
-
-
-def sdk_retries_taken(obj: object) -> int:
-    """Retries an SDK took for ``obj`` (response, raw response or exception); 0 if unknown."""
-    for name in ("retries_taken", "_retries_taken"):
-        value = getattr(obj, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    response = getattr(obj, "response", None)
-    request = getattr(response, "request", None) if response is not None else None
-    headers = getattr(request, "headers", None)
-    if headers is not None:
-        try:
-            raw = headers.get("x-stainless-retry-count")
-        except Exception:
-            raw = None
-        if raw is not None:
-            try:
-                count = int(raw)
-            except (TypeError, ValueError):
-                return 0
-            return max(count, 0)
-    return 0
 
 
 def _need(module: str, extra: str) -> Any:

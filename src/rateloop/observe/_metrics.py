@@ -1,7 +1,7 @@
 """What the metric sinks measure, written once for OpenTelemetry and Prometheus.
 
 How it works.  A metric sink is an ordinary event sink (``(CapacityEvent) ->
-None``, see :mod:`rateloop.events`).  :class:`MetricSink` turns the stream of
+None``, see :mod:`rateloop.outcome.events`).  :class:`MetricSink` turns the stream of
 events into measurements and hands each one to two hooks a backend
 implements: ``_add(metric, labels, n)`` for counters and ``_record(metric,
 labels, value)`` for histograms.  OpenTelemetry also gets one span per
@@ -66,8 +66,8 @@ from typing import Any, Literal
 
 from rateloop._clock import Clock, system_clock
 from rateloop._redact import redact
-from rateloop.events import CapacityEvent, DecisionKind
-from rateloop.outcome import Outcome
+from rateloop.outcome.events import CapacityEvent, DecisionKind
+from rateloop.outcome.record import Outcome
 
 __all__ = [
     "BASE_LABELS",
@@ -314,7 +314,7 @@ class MetricSink:
             if event.wait_seconds is not None:
                 self._record(METRICS["pause_length"], base, event.wait_seconds)
             if self.traces and call.attempt is not None:
-                attrs: dict[str, Any] = {"rateloop.decision": d.value}
+                attrs: dict[str, Any] = {"rateloop.timing.decide": d.value}
                 if event.paused_until is not None:
                     attrs["rateloop.paused_until"] = event.paused_until.isoformat()
                 if event.wait_seconds is not None:
@@ -457,7 +457,7 @@ class MetricSink:
             current = call.attempt = _Attempt(number, now_ns, False, base)
         elif len(current.labels) == 1:  # opened by call_started: now the event names it
             current.labels = base
-        attrs: dict[str, Any] = {"rateloop.decision": d.value}
+        attrs: dict[str, Any] = {"rateloop.timing.decide": d.value}
         if event.wait_seconds is not None:
             attrs["rateloop.wait.scheduled_seconds"] = event.wait_seconds
         if event.next_attempt_at is not None:

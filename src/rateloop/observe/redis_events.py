@@ -4,7 +4,7 @@
 (``XADD ... MAXLEN ~ maxlen``), so the dashboard -- another process -- can
 show every worker's waits, rejections and fallbacks on its timeline.  Only
 the event's identifiers, kinds and numbers are written (the same safe fields
-:class:`~rateloop.events.LoggingSink` logs, minus ids), plus ``capacity``:
+:class:`~rateloop.outcome.events.LoggingSink` logs, minus ids), plus ``capacity``:
 the capacity decision the metric sinks count for the event (``waited``,
 ``rejected_local``, ``rejected_remote``), told apart with the same per-call
 rules (:mod:`rateloop.observe._metrics`).
@@ -28,8 +28,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from rateloop._redact import redact_url
-from rateloop.events import CapacityEvent
 from rateloop.observe._metrics import Metric, MetricSink
+from rateloop.outcome.events import CapacityEvent
 
 __all__ = ["FIELDS", "RedisEventSink", "events_key", "timeline_entry"]
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rateloop.admission.plan import Priority
+from rateloop.route import Priority
 
 __all__ = ["UNKNOWN_PRIORITY", "WAIT_DECISIONS", "stream_seconds", "waiters"]
 

@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from rateloop._redact import redact_url
 from rateloop.admission.spec import LimitSpec
-from rateloop.budget import CallBudget, RunBudget
 from rateloop.errors import ConfigError
 from rateloop.policy._build import PolicyWarning, merge
 from rateloop.policy._checks import limit_bound_problems, scope_key_problem, shown
@@ -31,7 +30,8 @@ from rateloop.policy._schema import (
     dotted,
 )
 from rateloop.route import Route
-from rateloop.timing import Backoff, Jitter, Strategy
+from rateloop.timing.backoff import Backoff, Jitter, Strategy
+from rateloop.timing.budget import CallBudget, RunBudget
 
 __all__ = ["AdmissionPolicy", "AgentsPolicy", "FallbackPolicy", "Governance", "Policy"]
 
@@ -287,7 +287,7 @@ class Policy:
     def budget(
         self, *, started_at: float, deadline: float | None = None, run: RunBudget | None = None
     ) -> CallBudget:
-        """A fresh :class:`~rateloop.budget.CallBudget` for one call under this policy."""
+        """A fresh :class:`~rateloop.timing.budget.CallBudget` for one call under this policy."""
         return CallBudget(
             max_attempts=self.max_attempts,
             recovery_budget_secs=self.recovery_budget_secs,

@@ -41,7 +41,7 @@ from typing import Any
 
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.admission.memory import MemoryBackend
-from rateloop.loop import AsyncRateLoop
+from rateloop.loop.drivers import AsyncRateLoop
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.sim.vtime import VirtualClock

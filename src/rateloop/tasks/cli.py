@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -57,11 +57,11 @@ def worker_command(
 ) -> None:
     """Run workers until SIGTERM/SIGINT; the step in flight finishes and its task is released."""
     from rateloop.policy import Policy
-    from rateloop.tasks import agent_steps  # registers the parked CLI agent step
     from rateloop.tasks.definition import registry
     from rateloop.tasks.worker import import_app, run_worker
 
-    del agent_steps
+    for load in _BUILTIN_TASKS:
+        load()
     for spec in app or []:
         try:
             import_app(spec)
@@ -183,7 +183,16 @@ def cancel_command(
     typer.echo(f"{rec.task_id}: {rec.state.value}")
 
 
-def register_worker(app: typer.Typer) -> None:
+#: Loaders of the task definitions every worker knows (the composing CLI passes them:
+#: the parked CLI agent step lives in ``agents``, a layer above this one).
+_BUILTIN_TASKS: list[Callable[[], object]] = []
+
+
+def register_worker(
+    app: typer.Typer, *, builtin_tasks: Sequence[Callable[[], object]] = ()
+) -> None:
+    """Add ``rateloop worker``; each of ``builtin_tasks`` registers definitions before it runs."""
+    _BUILTIN_TASKS[:] = builtin_tasks
     app.command("worker", no_args_is_help=True)(worker_command)
 
 

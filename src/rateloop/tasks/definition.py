@@ -98,7 +98,7 @@ class Task:
 
         A write (``idempotent=False``) whose call fails ambiguously is never
         retried blindly: ``outcome_check(ctx, route)`` says whether it took
-        effect (see :mod:`rateloop.writes`); without one it ends ``needs_operator``.
+        effect (see :mod:`rateloop.timing.writes`); without one it ends ``needs_operator``.
         """
 
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from rateloop.outcome import Outcome, Status
+from rateloop.outcome.record import Outcome, Status
+from rateloop.route import Priority
 from rateloop.tasks.definition import Step, StepContext, Task
 from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
 from rateloop.tasks.states import TaskState
@@ -51,7 +52,7 @@ class RunStep:
     step: Step
     context: StepContext
     deadline: datetime | None
-    priority: str
+    priority: Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             idempotency_key=f"{ck.idempotency_key}:{step.name}",
             delivery=rec.deliveries,
         )
-        result = yield RunStep(step, context, rec.deadline, rec.priority.loop_priority)
+        result = yield RunStep(step, context, rec.deadline, rec.priority)
         now = result.now
         if result.error is not None:
             # The exception's type only: its message may quote a prompt or a secret.

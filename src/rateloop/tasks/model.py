@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rateloop.classify._json import signal_dict
-from rateloop.outcome import Attempts
+from rateloop.outcome.record import Attempts
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension, Kind, LimitSignal
 from rateloop.tasks.states import PriorityClass, TaskState

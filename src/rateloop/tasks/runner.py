@@ -18,11 +18,11 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from rateloop._clock import Clock, system_clock
-from rateloop.loop import AsyncRateLoop, CallOptions, Priority, RateLoop
-from rateloop.outcome import Outcome, Status
+from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
+from rateloop.outcome.record import Outcome, Status
 from rateloop.route import Route
 from rateloop.tasks.definition import Task, TaskRegistry, registry
 from rateloop.tasks.flow import RunStep, Save, SaveAck, StepResult, task_flow
@@ -62,7 +62,7 @@ def _call_options(effect: RunStep) -> CallOptions:
         idempotent=step.idempotent,
         deadline=effect.deadline,
         fallbacks=step.fallbacks,
-        priority=cast(Priority, effect.priority),
+        priority=effect.priority,
         task_id=effect.context.task_id,
         outcome_check=_check_of(effect),
     )

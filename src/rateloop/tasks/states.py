@@ -1,4 +1,4 @@
-"""Task states and priority classes.
+"""Task states (the priority classes are :class:`rateloop.Priority`).
 
 A task is *queued* (ready at ``next_attempt_at``), *running* (a worker holds
 its lease), *waiting* (parked until ``next_attempt_at``, held by no process),
@@ -9,6 +9,8 @@ or in one terminal state.  ``cancelled`` is the operator's own terminal state
 from __future__ import annotations
 
 from enum import StrEnum
+
+from rateloop.route import Priority
 
 __all__ = ["READY_STATES", "TERMINAL_STATES", "WAITING_STATES", "PriorityClass", "TaskState"]
 
@@ -55,15 +57,5 @@ TERMINAL_STATES = frozenset(
 )
 
 
-class PriorityClass(StrEnum):
-    """Queue classes, most urgent first; aging lets the later ones through eventually."""
-
-    SAFETY = "safety"  # safety and recovery work
-    INTERACTIVE = "interactive"
-    SCHEDULED = "scheduled"
-    BACKGROUND = "background"
-
-    @property
-    def loop_priority(self) -> str:
-        """The admission priority a step of this class asks the limiter for."""
-        return "interactive" if self is PriorityClass.SAFETY else self.value
+#: The queue's priority classes: the one :class:`rateloop.Priority`, under its old name.
+PriorityClass = Priority

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rateloop.errors import BackendError
-from rateloop.loop import RateLoop
+from rateloop.loop.drivers import RateLoop
 from rateloop.policy import Policy
 from rateloop.tasks.definition import TaskRegistry, registry
 from rateloop.tasks.model import TaskRecord

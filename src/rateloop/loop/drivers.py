@@ -1,14 +1,14 @@
 """The RATE loop drivers: :class:`RateLoop` (sync) and :class:`AsyncRateLoop` (asyncio).
 
-How it works: one generator, ``_BaseRateLoop._drive`` (in :mod:`rateloop._flow`),
+How it works: one generator, ``_BaseRateLoop._drive`` (in :mod:`rateloop.loop.flow`),
 holds the whole algorithm of a call — admit, attempt, classify, decide, wait,
 fall back, settle, record.  It never does I/O itself.  Whenever it needs the
 outside world it *yields an effect* (``Admit``, ``Call``, ``Sleep``, ``LimiterCall``, ``Check``) and
 receives the result.  :class:`RateLoop` carries the effects out with blocking
 calls, :class:`AsyncRateLoop` with ``await``; that is the only difference
 between the twins (the pattern of httpx's ``auth_flow``).  The decisions
-themselves come from the sans-IO :func:`rateloop.decision.decide`; the
-arguments are checked in :mod:`rateloop._args`.
+themselves come from the sans-IO :func:`rateloop.timing.decide.decide`; the
+arguments are checked in :mod:`rateloop.loop.args`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, Unpack, cast
 
-from rateloop._args import CallOptions, CallSpec, Priority
-from rateloop._effects import Admit, Call, Effect, LimiterCall, Raised, Returned, Sleep
-from rateloop._flow import _BaseRateLoop
-from rateloop.integrations.sdk import counting_requests
-from rateloop.outcome import Outcome
+from rateloop.loop.args import CallOptions, CallSpec, Priority
+from rateloop.loop.effects import Admit, Call, Effect, LimiterCall, Raised, Returned, Sleep
+from rateloop.loop.flow import _BaseRateLoop
+from rateloop.loop.sdk_count import counting_requests
+from rateloop.outcome.record import Outcome
 from rateloop.route import Route
 
 __all__ = ["AsyncRateLoop", "CallOptions", "Priority", "RateLoop"]

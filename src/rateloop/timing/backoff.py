@@ -17,7 +17,7 @@ before the second execution) into seconds in three steps:
    returning in the same instant.
 
 :func:`plan_wait` then checks a wait against the pause limit and the time
-left in the budget (see :class:`rateloop.budget.CallBudget`) and returns a
+left in the budget (see :class:`rateloop.timing.budget.CallBudget`) and returns a
 :class:`WaitPlan`: wait this long, or stop and come back at ``retry_after``.
 
 Bounds of one wait, with ``[lo, hi] = Backoff.bounds(n)``: without a server

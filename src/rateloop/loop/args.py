@@ -12,12 +12,12 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 from rateloop._clock import Clock
-from rateloop.budget import RunBudget
 from rateloop.policy import Policy
-from rateloop.route import Cost, Route
+from rateloop.route import Cost, Priority, Route
+from rateloop.timing.budget import RunBudget
 
 __all__ = [
     "CallOptions",
@@ -34,8 +34,6 @@ __all__ = [
     "takes_call_labels",
 ]
 
-Priority = Literal["interactive", "scheduled", "background"]
-
 #: The methods the loop calls on a limiter (sync and async twins); see docs/loop.md.
 LIMITER_METHODS = ("try_reserve", "atry_reserve", "observe", "aobserve", "pause", "apause")
 
@@ -50,12 +48,13 @@ class CallOptions(TypedDict, total=False):
     outcome_check: Callable[[Route], Any] | None
     deadline: datetime | float | None
     fallbacks: Sequence[Route] | None
-    priority: Priority
+    priority: Priority | str
     data_class: str | None
     task_id: str | None
 
 
 _OPTION_NAMES = frozenset(CallOptions.__annotations__)
+_PRIORITIES = frozenset(p.value for p in Priority)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +69,7 @@ class CallSpec:
     fn_kwargs: dict[str, Any]
     outcome_check: Callable[[Route], Any] | None
     deadline: datetime | None
-    priority: str
+    priority: Priority
     data_class: str | None
     task_id: str | None
 
@@ -159,10 +158,10 @@ def check_classify(classify: object) -> None:
 def check_run(run_budget: object, run_id: object) -> None:
     if run_budget is not None and not isinstance(run_budget, RunBudget):
         raise TypeError(
-            f"run_budget must be a rateloop.budget.RunBudget, got {_name(run_budget)}; "
+            f"run_budget must be a rateloop.timing.budget.RunBudget, got {_name(run_budget)}; "
             f"e.g. run_budget=RunBudget({run_budget!r})"
             if isinstance(run_budget, int)
-            else f"run_budget must be a rateloop.budget.RunBudget, got {_name(run_budget)}"
+            else f"run_budget must be a rateloop.timing.budget.RunBudget, got {_name(run_budget)}"
         )
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id must be a string, got {_name(run_id)} {run_id!r}")
@@ -212,11 +211,10 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
         )
     if not isinstance(route, Route):
         raise TypeError(f"route must be a rateloop.Route, got {route!r}")
-    priority = options.get("priority", "interactive")
-    if priority not in ("interactive", "scheduled", "background"):
-        raise ValueError(
-            f"priority must be 'interactive', 'scheduled' or 'background', got {priority!r}"
-        )
+    priority = options.get("priority", Priority.INTERACTIVE)
+    if priority not in _PRIORITIES:
+        allowed = ", ".join(repr(p.value) for p in Priority)
+        raise ValueError(f"priority must be one of {allowed}, got {priority!r}")
     deadline = options.get("deadline")
     if isinstance(deadline, int | float) and not isinstance(deadline, bool):
         deadline = clock.now() + timedelta(seconds=float(deadline))
@@ -234,7 +232,7 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
         fn_kwargs={"idempotency_key": key} if key is not None else {},
         outcome_check=options.get("outcome_check"),
         deadline=deadline,
-        priority=priority,
+        priority=Priority(priority),
         data_class=options.get("data_class"),
         task_id=options.get("task_id"),
     )

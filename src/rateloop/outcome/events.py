@@ -11,7 +11,7 @@ builds them from the normalized signal, and :func:`_safe_token` keeps the few
 provider-supplied strings (error code, request id) to a short token alphabet.
 
 Sinks are plain callables ``(CapacityEvent) -> None``; :class:`LoggingSink`
-writes JSON lines to the stdlib logger ``rateloop.events`` (for machines),
+writes JSON lines to the stdlib logger ``rateloop.outcome.events`` (for machines),
 :class:`ConsoleSink` a few rate-limited lines for a person at a terminal.
 A sink may also define ``call_started(scope)`` and ``call_finished(outcome)``:
 the loop calls them around every call (a first-try success included), which
@@ -35,7 +35,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from rateloop._console import ConsoleSink
 from rateloop._redact import redact
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CapacityEvent",
-    "ConsoleSink",
     "DecisionKind",
     "EventSink",
     "LoggingSink",
@@ -161,7 +159,7 @@ class LoggingSink:
     ) -> None:
         if fmt not in ("json", "text"):
             raise ValueError(f"LoggingSink fmt must be 'json' or 'text', got {fmt!r}")
-        self.logger = logger or logging.getLogger("rateloop.events")
+        self.logger = logger or logging.getLogger("rateloop.outcome.events")
         self.level = level
         self.fmt = fmt
 

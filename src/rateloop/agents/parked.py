@@ -25,7 +25,7 @@ import typer
 from rateloop._clock import Clock
 from rateloop._redact import redact_url
 from rateloop.errors import BackendError, ConfigError
-from rateloop.outcome import Outcome, Status
+from rateloop.outcome.record import Outcome, Status
 from rateloop.tasks.definition import StepContext, Task, TaskRegistry, registry
 from rateloop.tasks.model import Ledger, PendingOperation, TaskRecord
 from rateloop.tasks.queue import QueuePolicy
@@ -44,7 +44,7 @@ agent_step_task = Task(AGENT_TASK, version="1")
 
 @agent_step_task.step("agent", operation="agent.step")
 def _run_agent(ctx: StepContext) -> Outcome:
-    from rateloop.agents import run_step  # an edge: imported only where a worker runs it
+    from rateloop.agents.runner import run_step  # subprocess: loaded only where a worker runs it
 
     a = ctx.args
     return run_step(

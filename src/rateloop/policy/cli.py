@@ -21,7 +21,7 @@ from rateloop._redact import redact_url
 from rateloop.errors import ConfigError
 from rateloop.policy import Layer, Policy
 from rateloop.route import Route
-from rateloop.timing import Backoff
+from rateloop.timing.backoff import Backoff
 
 __all__ = ["register", "schedule_rows"]
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rateloop.admission.profile import reports_tokens
-from rateloop.integrations.sdk import sdk_retries_taken
+from rateloop.loop.sdk_count import sdk_retries_taken
 from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import threading
 
-from rateloop.outcome import AttemptLedger, Attempts
+from rateloop.outcome.record import AttemptLedger, Attempts
 from rateloop.signal import Kind
 
 __all__ = ["ERROR_KINDS", "AttemptLedger", "Attempts", "CallBudget", "RunBudget"]

@@ -57,13 +57,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from rateloop.budget import CallBudget
-from rateloop.fallback import check_route
-from rateloop.outcome import Status
+from rateloop.outcome.record import Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing import Backoff, plan_wait
+from rateloop.timing.backoff import Backoff, plan_wait
+from rateloop.timing.budget import CallBudget
+from rateloop.timing.fallback import check_route
 
 __all__ = [
     "DEFAULT_ATTEMPTS_PER_ROUTE",

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, TextIO
 from rateloop._clock import Clock, system_clock
 
 if TYPE_CHECKING:
-    from rateloop.events import CapacityEvent
-    from rateloop.outcome import Outcome
+    from rateloop.outcome.events import CapacityEvent
+    from rateloop.outcome.record import Outcome
 
 __all__ = ["ConsoleSink"]
 

@@ -21,7 +21,7 @@ from rateloop.route import Route
 from rateloop.signal import LimitSignal
 
 if TYPE_CHECKING:
-    from rateloop.events import CapacityEvent
+    from rateloop.outcome.events import CapacityEvent
 
 __all__ = ["AttemptLedger", "Attempts", "Outcome", "Status"]
 

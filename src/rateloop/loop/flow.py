@@ -2,11 +2,11 @@
 
 How it works: :meth:`_BaseRateLoop._drive` holds the whole algorithm of a
 call -- admit, attempt, classify, decide, wait, fall back, settle, record --
-as a generator that yields effects (:mod:`rateloop._effects`) and receives
+as a generator that yields effects (:mod:`rateloop.loop.effects`) and receives
 their results.  :class:`rateloop.loop.RateLoop` performs them with blocking
 calls, :class:`rateloop.loop.AsyncRateLoop` with ``await``.  The decisions
-come from the sans-IO :func:`rateloop.decision.decide`; the arguments are
-checked by :mod:`rateloop._args`.
+come from the sans-IO :func:`rateloop.timing.decide.decide`; the arguments are
+checked by :mod:`rateloop.loop.args`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from rateloop._args import (
+from rateloop._clock import Clock, system_clock
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.reservation import Denied
+from rateloop.classify import classify_exception, classify_response
+from rateloop.errors import LimitsWarning, RateLimitExhausted, SdkRetriesWarning
+from rateloop.loop.args import (
     CallOptions,
     CallSpec,
     call_spec,
@@ -30,8 +35,7 @@ from rateloop._args import (
     check_sinks,
     takes_call_labels,
 )
-from rateloop._clock import Clock, system_clock
-from rateloop._effects import (
+from rateloop.loop.effects import (
     Admit,
     Call,
     Check,
@@ -45,19 +49,16 @@ from rateloop._effects import (
     sdk_retries,
     usage_of,
 )
-from rateloop.admission.limiter import Limiter
-from rateloop.admission.reservation import Denied
-from rateloop.budget import CallBudget, RunBudget
-from rateloop.classify import classify_exception, classify_response
-from rateloop.decision import FallBack, LoopState, Proceed, Stop, Wait, decide, fall_back_now
-from rateloop.errors import LimitsWarning, RateLimitExhausted, SdkRetriesWarning
-from rateloop.events import CapacityEvent, ConsoleSink, DecisionKind, EventSink, signal_fields
-from rateloop.fallback import build_chain
-from rateloop.outcome import AttemptLedger, Outcome, Status
+from rateloop.outcome.console import ConsoleSink
+from rateloop.outcome.events import CapacityEvent, DecisionKind, EventSink, signal_fields
+from rateloop.outcome.record import AttemptLedger, Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.writes import WriteOutcome, is_ambiguous_failure, normalize_write_outcome
+from rateloop.timing.budget import CallBudget, RunBudget
+from rateloop.timing.decide import FallBack, LoopState, Proceed, Stop, Wait, decide, fall_back_now
+from rateloop.timing.fallback import build_chain
+from rateloop.timing.writes import WriteOutcome, is_ambiguous_failure, normalize_write_outcome
 
 __all__ = ["Classifier"]
 
