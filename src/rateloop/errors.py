@@ -9,6 +9,14 @@
 
     SdkRetriesWarning (a UserWarning)   an SDK retried inside a loop attempt
     LimitsWarning (a UserWarning)       a [limits] key that the calls' routes do not match
+    PolicyWarning (a UserWarning)       a later policy layer tried to change a locked value
+
+The areas raise subclasses of these roots, each defined beside the code that raises it:
+``BackendUnreachable`` (a ``BackendError``), ``AdmissionTimeout`` and
+``AdmissionRejected`` (admission), ``AdmissionRefused`` (a ``RateLimitExhausted``, the
+transports), ``StreamInterrupted`` (a stream that failed mid-way), ``BodyTooLarge``
+(a response past the transport's cap), ``SimulationStuck`` and ``MissingExtra`` (the
+simulator).
 
 Every message goes through :func:`rateloop._redact.redact`: an error never
 shows an API key or a URL password, even when it echoes a bad value.
@@ -31,6 +39,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "LimitsWarning",
+    "PolicyWarning",
     "RateLimitExhausted",
     "RateloopError",
     "SdkRetriesWarning",
@@ -125,3 +134,48 @@ class SdkRetriesWarning(UserWarning):
 class LimitsWarning(UserWarning):
     """A call ran on a route that no configured ``[limits]`` key matches, while a key
     has matched no route so far: most likely a key written for another name."""
+
+
+class PolicyWarning(UserWarning):
+    """A later layer tried to change a locked value; the change was not applied.
+
+    Kept on ``Policy.warnings`` (and logged once); a real :class:`Warning`, so an
+    application may also ``warnings.warn(w)`` it or filter it.
+    """
+
+    __slots__ = ("attempted_value", "kept_value", "layer", "locked_by", "path")
+
+    def __init__(
+        self, *, path: str, layer: str, attempted_value: Any, kept_value: Any, locked_by: str
+    ) -> None:
+        self.path = path
+        self.layer = layer
+        self.attempted_value = attempted_value
+        self.kept_value = kept_value
+        self.locked_by = locked_by
+        super().__init__(str(self))
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.path, self.layer, self.attempted_value, self.kept_value, self.locked_by)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PolicyWarning):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.layer, self.locked_by))
+
+    def __str__(self) -> str:
+        return redact(
+            f"{self.layer} tried to set {self.path} = {self.attempted_value!r}; "
+            f"kept {self.kept_value!r} (locked by {self.locked_by})"
+        )
+
+    def __repr__(self) -> str:
+        # Both values may be backend URLs with a password: the repr hides them like __str__.
+        return redact(
+            f"PolicyWarning(path={self.path!r}, layer={self.layer!r}, "
+            f"attempted_value={self.attempted_value!r}, kept_value={self.kept_value!r}, "
+            f"locked_by={self.locked_by!r})"
+        )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rateloop.classify import classify_text
+from rateloop.errors import RateloopError
 from rateloop.signal import Kind, LimitSignal
 
 __all__ = ["BodyBudget", "SSEWatch", "envelope_error"]
@@ -74,7 +75,7 @@ class BodyBudget:
         return b"".join(self.chunks)
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(RateloopError):
     """A buffered body went past the cap; the transport treats it as a network failure."""
 
 

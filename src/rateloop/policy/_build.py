@@ -24,8 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rateloop._redact import redact
-from rateloop.errors import ConfigError
+from rateloop.errors import ConfigError, PolicyWarning
 from rateloop.policy._layers import Layer
 from rateloop.policy._schema import (
     Path,
@@ -44,31 +43,6 @@ log = logging.getLogger("rateloop.policy")
 log.addHandler(logging.NullHandler())
 
 _LOCKED: Path = ("governance", "locked")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PolicyWarning:
-    """A later layer tried to change a locked value; the change was not applied."""
-
-    path: str
-    layer: str
-    attempted_value: Any
-    kept_value: Any
-    locked_by: str
-
-    def __str__(self) -> str:
-        return redact(
-            f"{self.layer} tried to set {self.path} = {self.attempted_value!r}; "
-            f"kept {self.kept_value!r} (locked by {self.locked_by})"
-        )
-
-    def __repr__(self) -> str:
-        # Both values may be backend URLs with a password: the repr hides them like __str__.
-        return redact(
-            f"PolicyWarning(path={self.path!r}, layer={self.layer!r}, "
-            f"attempted_value={self.attempted_value!r}, kept_value={self.kept_value!r}, "
-            f"locked_by={self.locked_by!r})"
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from rateloop.errors import RateloopError
 from rateloop.sim.harness import RunResult
 from rateloop.sim.scenarios import Scenario
 from rateloop.sim.strategies import STRATEGIES
@@ -25,7 +26,7 @@ HONESTY = (
 )
 
 
-class MissingExtra(RuntimeError):
+class MissingExtra(RateloopError, RuntimeError):
     """An optional dependency is not installed."""
 
 

@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from rateloop.errors import RateloopError
+
 __all__ = ["MIN_SLEEP", "SimulationStuck", "VirtualClock", "VirtualEventLoop", "run_virtual"]
 
 T = TypeVar("T")
@@ -39,7 +41,7 @@ MIN_SLEEP = 0.001
 _THREAD_WAIT = 60.0
 
 
-class SimulationStuck(RuntimeError):
+class SimulationStuck(RateloopError, RuntimeError):
     """Every task waits for something that no timer will bring (a deadlock in the simulation)."""
 
 
