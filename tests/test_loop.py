@@ -527,7 +527,7 @@ def test_events_never_carry_keys_or_prompts(
     )
     err = httpx.HTTPStatusError(f"{prompt} {secret}", request=request, response=resp)
     sink = RecordingSink()
-    caplog.set_level(logging.INFO, logger="rateloop.outcome.events")
+    caplog.set_level(logging.INFO, logger="rateloop.events")
 
     def both(event: Any) -> None:
         sink(event)

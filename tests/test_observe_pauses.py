@@ -160,7 +160,7 @@ def test_a_sink_with_the_old_call_started_still_works() -> None:
 def test_logged_pause_events_carry_no_prompt_or_key(caplog: Any) -> None:
     clock = FakeClock()
     loop = RateLoop(policy(), limiter=_limiter(clock), clock=clock, sinks=[LoggingSink()])
-    with caplog.at_level("INFO", logger="rateloop.outcome.events"):
+    with caplog.at_level("INFO", logger="rateloop.events"):
         loop.call(FaultScript([throttle("3"), ok()]), route=A, operation=f"chat {KEY}")
     assert any('"decision":"pause"' in r.getMessage() for r in caplog.records)
     assert all(PROMPT not in r.getMessage() and "Q" * 20 not in r.getMessage()

@@ -337,7 +337,7 @@ def test_otel_metrics_reach_the_in_memory_reader(otel: Any) -> None:
     RateLoop(policy(), clock=clock, sinks=[sink]).call(fn, route=A)
     points = otel_points(reader)
     (wait,) = [
-        p for p in points["rateloop.decisions"] if p.attributes["rateloop.timing.decide"] == "wait"
+        p for p in points["rateloop.decisions"] if p.attributes["rateloop.decision"] == "wait"
     ]
     assert wait.value == 1
     assert wait.attributes["rateloop.tenant"] == "t7"

@@ -314,7 +314,7 @@ class MetricSink:
             if event.wait_seconds is not None:
                 self._record(METRICS["pause_length"], base, event.wait_seconds)
             if self.traces and call.attempt is not None:
-                attrs: dict[str, Any] = {"rateloop.timing.decide": d.value}
+                attrs: dict[str, Any] = {"rateloop.decision": d.value}
                 if event.paused_until is not None:
                     attrs["rateloop.paused_until"] = event.paused_until.isoformat()
                 if event.wait_seconds is not None:
@@ -457,7 +457,7 @@ class MetricSink:
             current = call.attempt = _Attempt(number, now_ns, False, base)
         elif len(current.labels) == 1:  # opened by call_started: now the event names it
             current.labels = base
-        attrs: dict[str, Any] = {"rateloop.timing.decide": d.value}
+        attrs: dict[str, Any] = {"rateloop.decision": d.value}
         if event.wait_seconds is not None:
             attrs["rateloop.wait.scheduled_seconds"] = event.wait_seconds
         if event.next_attempt_at is not None:

@@ -159,7 +159,7 @@ class LoggingSink:
     ) -> None:
         if fmt not in ("json", "text"):
             raise ValueError(f"LoggingSink fmt must be 'json' or 'text', got {fmt!r}")
-        self.logger = logger or logging.getLogger("rateloop.outcome.events")
+        self.logger = logger or logging.getLogger("rateloop.events")
         self.level = level
         self.fmt = fmt
 
