@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 from rateloop.classify import classify, classify_exception, classify_text
 from rateloop.classify._core import read_response
 from rateloop.classify._evidence import MAX_BODY_CHARS
-from rateloop.classify._far import default_pause_limit, far_wait_threshold
+from rateloop.classify._far import far_wait_threshold
 from rateloop.classify.text import MAX_TEXT_CHARS
 from rateloop.policy import Policy
-from rateloop.signal import Kind
+from rateloop.policy._schema import SCHEMA
+from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS, Kind
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 MARGIN = 3.0  # a linear reader's ratio is about the size ratio; allow three times that
@@ -185,7 +186,9 @@ def test_a_reader_bug_falls_back_to_the_body_text_not_the_status_alone(
 
 
 def test_the_default_threshold_is_the_policys_pause_limit() -> None:
-    assert default_pause_limit() == Policy().pause_limit_secs == far_wait_threshold(None)
+    # One default, in signal.py: Read's threshold and the policy's pause limit.
+    assert DEFAULT_PAUSE_LIMIT_SECS == Policy().pause_limit_secs == far_wait_threshold(None)
+    assert SCHEMA[""]["pause_limit_secs"].default == DEFAULT_PAUSE_LIMIT_SECS
 
 
 @pytest.mark.parametrize(

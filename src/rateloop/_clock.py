@@ -7,7 +7,6 @@ timestamps into waits.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
@@ -52,6 +51,10 @@ class SystemClock:
             time.sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
+        # asyncio is imported here, not at the top: `import rateloop` must not pay
+        # for the event loop machinery (~20 ms) that sync users never touch.
+        import asyncio
+
         await asyncio.sleep(max(0.0, seconds))
 
     def __repr__(self) -> str:

@@ -34,6 +34,7 @@ from datetime import datetime
 from enum import StrEnum
 
 __all__ = [
+    "DEFAULT_PAUSE_LIMIT_SECS",
     "MAX_WAIT_SECONDS",
     "RETRYABLE_KINDS",
     "Dimension",
@@ -45,6 +46,11 @@ __all__ = [
 
 #: Every wait a classifier reports is clamped to [0, MAX_WAIT_SECONDS].
 MAX_WAIT_SECONDS = 86_400.0
+
+#: The longest one pause may last by default (``Policy.pause_limit_secs``): a
+#: wait the loop may sleep through.  Read uses it too, as the far-wait
+#: threshold: a throttle asking for longer is a spent period, not a short one.
+DEFAULT_PAUSE_LIMIT_SECS = 3600.0
 
 
 class Kind(StrEnum):

@@ -12,22 +12,21 @@ again in 12702s" is not a short throttle, and neither is Copilot's "Please
 try again in 58 hours".  ``reset_at`` then keeps the real distance, even past
 the one-day clamp on ``retry_after``.
 
-The threshold is the pause limit: :attr:`rateloop.Policy.pause_limit_secs`'s
-default (3600 s) unless the caller passes its own (``pause_limit=``).  The
+The threshold is the pause limit: :data:`rateloop.signal.DEFAULT_PAUSE_LIMIT_SECS`
+(3600 s, the default of :attr:`rateloop.Policy.pause_limit_secs`) unless the
+caller passes its own (``pause_limit=``).  The
 edge is inclusive: a wait exactly equal to the threshold still fits.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 from datetime import datetime
-from functools import cache
 
 from rateloop.classify._time import add_seconds
-from rateloop.signal import Kind
+from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS, Kind
 
-__all__ = ["REFILL_SECS", "default_pause_limit", "far_wait_threshold", "settle_kind"]
+__all__ = ["REFILL_SECS", "far_wait_threshold", "settle_kind"]
 
 #: A day-named limit whose stated wait is at most this many seconds is a
 #: continuously refilled bucket ("requests per day … try again in 8.64s"):
@@ -35,22 +34,10 @@ __all__ = ["REFILL_SECS", "default_pause_limit", "far_wait_threshold", "settle_k
 REFILL_SECS = 60.0
 
 
-@cache
-def default_pause_limit() -> float:
-    """The default :attr:`Policy.pause_limit_secs` (read once, lazily: the
-    policy package is a sibling in the core and imports more than Read needs)."""
-    from rateloop.policy import Policy
-
-    for item in fields(Policy):
-        if item.name == "pause_limit_secs":
-            return float(item.default)  # type: ignore[arg-type]
-    raise AssertionError("Policy has no pause_limit_secs")  # pragma: no cover
-
-
 def far_wait_threshold(pause_limit: float | None) -> float:
-    """The threshold in seconds: ``pause_limit`` checked, or the policy default."""
+    """The threshold in seconds: ``pause_limit`` checked, or the default pause limit."""
     if pause_limit is None:
-        return default_pause_limit()
+        return DEFAULT_PAUSE_LIMIT_SECS
     if isinstance(pause_limit, bool) or not isinstance(pause_limit, int | float):
         raise TypeError(
             f"pause_limit must be a number of seconds or None, got {pause_limit!r}"

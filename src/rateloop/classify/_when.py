@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cache, lru_cache
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from rateloop.classify._phrases import find_all
 
@@ -57,6 +56,8 @@ _AT = re.compile(
 
 @cache
 def _zones_by_lower_name() -> dict[str, str]:
+    from zoneinfo import available_timezones  # start-up time: only when asked
+
     return {name.lower(): name for name in available_timezones()}
 
 
@@ -65,6 +66,8 @@ def zone_named(name: str) -> tzinfo | None:
     """The zone called ``name`` in any letter case (``asia/calcutta``), or ``None``."""
     if not name or len(name) > 64:
         return None
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # start-up time: only when asked
+
     guesses = [
         name,
         "/".join("_".join(p.capitalize() for p in part.split("_")) for part in name.split("/")),

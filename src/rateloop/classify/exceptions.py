@@ -25,8 +25,7 @@ installed is simply never seen.  In order:
 from __future__ import annotations
 
 import errno
-import socket
-import ssl
+import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -221,12 +220,22 @@ def _network(exc: BaseException) -> LimitSignal | None:
         return None
     if names & _NETWORK_NAMES and module.split(".")[0] in _NETWORK_MODULES:
         return LimitSignal.of(Kind.NETWORK, matched=name, provider=_module_provider(exc))
-    if isinstance(exc, TimeoutError | ConnectionError | socket.gaierror | socket.herror):
+    if isinstance(exc, TimeoutError | ConnectionError):
         return LimitSignal.of(Kind.NETWORK, matched=name)
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return None
-    if isinstance(exc, ssl.SSLError):
-        return LimitSignal.of(Kind.NETWORK, matched=name)
+    # socket and ssl (~6 ms) are not imported for this check: an exception of
+    # theirs can only exist once its module is loaded, so look only if it is.
+    if "socket" in sys.modules:
+        import socket
+
+        if isinstance(exc, socket.gaierror | socket.herror):
+            return LimitSignal.of(Kind.NETWORK, matched=name)
+    if "ssl" in sys.modules:
+        import ssl
+
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return None
+        if isinstance(exc, ssl.SSLError):
+            return LimitSignal.of(Kind.NETWORK, matched=name)
     if isinstance(exc, OSError) and _errno(exc) in _NETWORK_ERRNOS:
         return LimitSignal.of(Kind.NETWORK, matched=name)
     if module.split(".")[0] == "requests" and "RequestException" in names:

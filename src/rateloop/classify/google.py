@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop.classify._evidence import Evidence, Finding, error_object
 from rateloop.classify._phrases import period_of, without_google_sentence
@@ -43,6 +42,8 @@ _KINDS: dict[str, Kind] = {
 
 def next_pacific_midnight(now: datetime) -> datetime | None:
     """The next midnight in America/Los_Angeles, when Gemini day quotas reset."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # start-up time: only when asked
+
     try:
         zone = ZoneInfo("America/Los_Angeles")
     except (ZoneInfoNotFoundError, ValueError):

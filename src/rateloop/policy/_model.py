@@ -30,6 +30,7 @@ from rateloop.policy._schema import (
     dotted,
 )
 from rateloop.route import Route
+from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS
 from rateloop.timing.backoff import Backoff, Jitter, Strategy
 from rateloop.timing.budget import CallBudget, RunBudget
 
@@ -195,7 +196,7 @@ class Policy:
     multiplier: float = 2.0
     strategy: Strategy = "exponential"
     jitter: Jitter = "equal"
-    pause_limit_secs: float = 3600.0
+    pause_limit_secs: float = DEFAULT_PAUSE_LIMIT_SECS
     trigger_scope: Literal["rate-limit", "transient", "all"] = "transient"
     on_exhausted: Literal["fail", "soft"] = "fail"
     attempts_per_route: int | None = None
