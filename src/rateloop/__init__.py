@@ -2,28 +2,27 @@
 
 Read (classify refusals), Admit (reserve shared capacity), Time (wait what the
 server asked, within budgets), Exit (an explicit outcome for every call).
+
+How the face loads: ``import rateloop`` imports only the values every stage
+passes around (the signal and route vocabulary, the errors, the clock, the
+Exit record and events, the backoff and budget values).  Every other public
+name is listed in :data:`_LAZY` with the module that defines it and is
+imported on first use by the module-level :func:`__getattr__` (PEP 562), then
+kept in the module's namespace, so ``from rateloop import RateLoop`` works as
+before and costs its import once.  ``__version__`` is read from the installed
+metadata the same way (stamina's ``__init__.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("rateloop")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0+unknown"
+from typing import TYPE_CHECKING, Any
 
 from rateloop._clock import Clock, SystemClock
-from rateloop.admission import (
-    AdmissionRejected,
-    AdmissionTimeout,
-    Denied,
-    Limiter,
-    LimitSpec,
-    Reservation,
-)
-from rateloop.agents import AgentSettings, StepFailure, run_step
+
+# Read is eager, and must be: `rateloop.classify` names both a subpackage and
+# the function, and the first import of the subpackage (by any stage) would
+# bind the module to that name, hiding a lazily loaded function.
 from rateloop.classify import (
     classify,
     classify_exception,
@@ -31,34 +30,52 @@ from rateloop.classify import (
     classify_text,
     detect_provider,
 )
-from rateloop.errors import BackendError, ConfigError, RateLimitExhausted, RateloopError
-from rateloop.integrations.clients import (
-    anthropic_client,
-    async_anthropic_client,
-    async_openai_client,
-    genai_client,
-    openai_client,
+from rateloop.errors import (
+    BackendError,
+    ConfigError,
+    PolicyWarning,
+    RateLimitExhausted,
+    RateloopError,
 )
-from rateloop.loop.drivers import AsyncRateLoop, RateLoop
 from rateloop.outcome.console import ConsoleSink
 from rateloop.outcome.events import CapacityEvent, DecisionKind, LoggingSink, RecordingSink
 from rateloop.outcome.record import AttemptLedger, Attempts, Outcome, Status
-from rateloop.policy import (
-    AdmissionPolicy,
-    AgentsPolicy,
-    FallbackPolicy,
-    Governance,
-    Layer,
-    Policy,
-    PolicyWarning,
-)
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
-from rateloop.tasks import AsyncTaskRunner, TaskRunner, TaskState, task
 from rateloop.timing.backoff import Backoff, WaitPlan, plan_wait
 from rateloop.timing.budget import CallBudget, RunBudget
-from rateloop.timing.decide import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.timing.writes import WriteOutcome
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from rateloop.admission import (
+        AdmissionRejected,
+        AdmissionTimeout,
+        Denied,
+        Limiter,
+        LimitSpec,
+        Reservation,
+    )
+    from rateloop.agents import AgentSettings, StepFailure, run_step
+    from rateloop.integrations.clients import (
+        anthropic_client,
+        async_anthropic_client,
+        async_openai_client,
+        genai_client,
+        openai_client,
+    )
+    from rateloop.loop.drivers import AsyncRateLoop, RateLoop
+    from rateloop.policy import (
+        AdmissionPolicy,
+        AgentsPolicy,
+        FallbackPolicy,
+        Governance,
+        Layer,
+        Policy,
+    )
+    from rateloop.tasks import AsyncTaskRunner, TaskRunner, TaskState, task
+    from rateloop.timing.decide import Decision, FallBack, Proceed, Stop, Wait, decide
+
+    __version__: str
 
 __all__ = [
     "AdmissionPolicy",
@@ -129,6 +146,79 @@ __all__ = [
     "run_step",
     "task",
 ]
+
+_ADMIT = "rateloop.admission"
+_TIME = "rateloop.timing.decide"  # imports the policy package (and so yaml) today
+_POLICY = "rateloop.policy"  # TOML/YAML loading, layers and locks
+_LOOP = "rateloop.loop.drivers"
+_TASKS = "rateloop.tasks"  # sqlite3, the durable store
+_AGENTS = "rateloop.agents"  # subprocess, the CLI-agent runner
+_CLIENTS = "rateloop.integrations.clients"  # the SDK clients, each an extra
+
+#: Each public name imported on first use, and the module that provides it.
+_LAZY: dict[str, str] = {
+    "AdmissionPolicy": _POLICY,
+    "AdmissionRejected": _ADMIT,
+    "AdmissionTimeout": _ADMIT,
+    "AgentSettings": _AGENTS,
+    "AgentsPolicy": _POLICY,
+    "AsyncRateLoop": _LOOP,
+    "AsyncTaskRunner": _TASKS,
+    "Decision": _TIME,
+    "Denied": _ADMIT,
+    "FallBack": _TIME,
+    "FallbackPolicy": _POLICY,
+    "Governance": _POLICY,
+    "Layer": _POLICY,
+    "LimitSpec": _ADMIT,
+    "Limiter": _ADMIT,
+    "Policy": _POLICY,
+    "Proceed": _TIME,
+    "RateLoop": _LOOP,
+    "Reservation": _ADMIT,
+    "StepFailure": _AGENTS,
+    "Stop": _TIME,
+    "TaskRunner": _TASKS,
+    "TaskState": _TASKS,
+    "Wait": _TIME,
+    "anthropic_client": _CLIENTS,
+    "async_anthropic_client": _CLIENTS,
+    "async_openai_client": _CLIENTS,
+    "decide": _TIME,
+    "genai_client": _CLIENTS,
+    "openai_client": _CLIENTS,
+    "run_step": _AGENTS,
+    "task": _TASKS,
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rateloop")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy public name on first use and keep it (PEP 562)."""
+    if name == "__version__":
+        value: Any = _version()
+    else:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(module), name)
+    globals()[name] = value  # later look-ups find it without calling this again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # A library never configures logging for its users: without a handler of theirs,
 # rateloop's log records (events, policy lock warnings) go nowhere.

@@ -15,6 +15,10 @@ is never stored or echoed); the headers ``x-fake-input-tokens``,
 (every SDK lets a test add headers).  A ``reset`` fault raises
 :class:`ConnectionResetError` out of the app: in-process the client sees it,
 and the real server turns it into a dropped connection.
+
+This module sits below :mod:`~rateloop.testing._fake.provider`: the provider
+serves itself through it, and it knows the provider only as :class:`Served`,
+the few members it reads.
 """
 
 from __future__ import annotations
@@ -23,21 +27,52 @@ import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from rateloop.testing._fake.buckets import Profile
-from rateloop.testing._fake.model import FakeRequest, FakeResponse
+from rateloop.testing._fake.buckets import FakeLimits, Profile
+from rateloop.testing._fake.model import FakeRequest, FakeResponse, FakeStats
 
-if TYPE_CHECKING:
-    from rateloop.testing._fake.provider import FakeProvider
-
-__all__ = ["handle_httpx", "parse_request", "serve_asgi"]
+__all__ = ["Served", "describe", "handle_httpx", "parse_request", "serve_asgi"]
 
 _GEMINI_PATH = re.compile(r"^/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)$")
 _MAX_BODY = 32 * 1024 * 1024
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Served(Protocol):
+    """What the HTTP endpoints read from a provider (a :class:`FakeProvider`)."""
+
+    @property
+    def profile(self) -> Profile: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def limits(self) -> FakeLimits: ...
+    @property
+    def latency(self) -> float: ...
+    @property
+    def rejected_spends_request(self) -> bool: ...
+    @property
+    def stats(self) -> FakeStats: ...
+
+    def reset(self) -> None: ...
+    def respond(self, request: FakeRequest | None = None) -> FakeResponse: ...
+    async def arespond(self, request: FakeRequest | None = None) -> FakeResponse: ...
+
+
+def describe(provider: Served) -> dict[str, Any]:
+    """The provider's configuration, for ``/fake/stats`` and the CLI banner."""
+    lim = provider.limits
+    return {
+        "profile": provider.profile,
+        "model": provider.model,
+        "limits": {k: getattr(lim, k) for k in ("rpm", "tpm", "itpm", "otpm", "rpd",
+                                                 "concurrency", "burst_seconds")},
+        "latency": provider.latency,
+        "rejected_spends_request": provider.rejected_spends_request,
+    }
 
 
 def _texts(value: Any) -> list[str]:
@@ -144,7 +179,7 @@ async def _send_response(send: Send, response: FakeResponse) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-def handle_httpx(provider: FakeProvider, request: Any) -> Any:
+def handle_httpx(provider: Served, request: Any) -> Any:
     """Answer an httpx / httpx2 ``Request`` synchronously (for ``MockTransport``).
 
     The response is built with the request's own library, so the same
@@ -153,8 +188,6 @@ def handle_httpx(provider: FakeProvider, request: Any) -> Any:
     raises the library's ``ReadError``.
     """
     import importlib
-
-    from rateloop.testing._fake.provider import describe
 
     library = importlib.import_module(type(request).__module__.split(".")[0])
     path = request.url.path
@@ -182,10 +215,8 @@ def handle_httpx(provider: FakeProvider, request: Any) -> Any:
                             content=response.content)
 
 
-async def serve_asgi(provider: FakeProvider, scope: Any, receive: Receive, send: Send) -> None:
+async def serve_asgi(provider: Served, scope: Any, receive: Receive, send: Send) -> None:
     """Serve one ASGI HTTP request (lifespan messages are acknowledged)."""
-    from rateloop.testing._fake.provider import describe
-
     if scope["type"] == "lifespan":
         while True:
             message = await receive()

@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from rateloop._clock import Clock, system_clock
 from rateloop.route import Route
 from rateloop.testing._fake import shapes
+from rateloop.testing._fake.asgi import handle_httpx, serve_asgi
 from rateloop.testing._fake.buckets import (
     PROFILES,
     Bucket,
@@ -157,8 +158,6 @@ class FakeProvider:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """The provider is an ASGI app: ``httpx.ASGITransport(app=fake)``."""
-        from rateloop.testing._fake.asgi import serve_asgi
-
         await serve_asgi(self, scope, receive, send)
 
     def handler(self, request: Any) -> Any:
@@ -167,8 +166,6 @@ class FakeProvider:
         ``httpx.Client(transport=httpx.MockTransport(fake.handler))`` talks to
         the fake in-process, without a socket or an event loop.
         """
-        from rateloop.testing._fake.asgi import handle_httpx
-
         return handle_httpx(self, request)
 
     # -- state the tests drive -------------------------------------------------------
@@ -403,16 +400,3 @@ class FakeProvider:
             stats.output_tokens += ticket.output_tokens
             stats.cache_read_tokens += request.cache_read_tokens
             return response
-
-
-def describe(provider: FakeProvider) -> dict[str, Any]:
-    """The provider's configuration, for ``/fake/stats`` and the CLI banner."""
-    lim = provider.limits
-    return {
-        "profile": provider.profile,
-        "model": provider.model,
-        "limits": {k: getattr(lim, k) for k in ("rpm", "tpm", "itpm", "otpm", "rpd",
-                                                 "concurrency", "burst_seconds")},
-        "latency": provider.latency,
-        "rejected_spends_request": provider.rejected_spends_request,
-    }
