@@ -3,7 +3,7 @@
 Usage::
 
     python bench/import_time.py [--repeat 40] [--libs rateloop,tenacity,stamina]
-        [--src PATH] [--cold] [--json out.json]
+        [--src PATH] [--as-is] [--json out.json]
 
 Each sample is a fresh interpreter (``sys.executable -c``) that times one
 ``import NAME`` with ``perf_counter_ns`` and counts the modules it added to
@@ -18,8 +18,10 @@ Bytecode: every library reads its ``.pyc`` from one private
 an installed package has; this development machine sets
 ``PYTHONDONTWRITEBYTECODE=1``, which would otherwise make rateloop, an
 editable install, compile from source at every start while the libraries in
-site-packages read their caches).  ``--cold`` measures every library
-compiling from source instead (an empty prefix, nothing written).
+site-packages read their caches).  ``--as-is`` keeps the environment as it
+is instead (no private prefix): with ``PYTHONDONTWRITEBYTECODE=1`` and an
+editable install, rateloop then compiles from source at every start, the
+others do not (the condition of this machine's development trees).
 
 ``--src`` puts a source tree first on ``PYTHONPATH`` (``--src src`` for a
 work tree; ``--src ../main/src`` for the code before a change).  A library
@@ -50,12 +52,11 @@ print(json.dumps({{"ns": elapsed, "modules": len(new), "own": len(own),
 """
 
 
-def _env(prefix: str, *, cold: bool, src: str | None) -> dict[str, str]:
+def _env(prefix: str, *, as_is: bool, src: str | None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPYCACHEPREFIX"] = prefix
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if cold:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if not as_is:
+        env["PYTHONPYCACHEPREFIX"] = prefix
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     if src:
         env["PYTHONPATH"] = os.pathsep.join(
             [os.path.abspath(src), *filter(None, [env.get("PYTHONPATH")])]
@@ -87,19 +88,19 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def run(libs: list[str], *, repeat: int, cold: bool, src: str | None) -> dict[str, Any]:
+def run(libs: list[str], *, repeat: int, as_is: bool, src: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rateloop-pyc-") as prefix:
-        env = _env(prefix, cold=cold, src=src)
+        env = _env(prefix, as_is=as_is, src=src)
         present = [name for name in libs if _installed(name, env)]
         for name in sorted(set(libs) - set(present)):
             print(f"note: {name} is not installed here; left out", file=sys.stderr)
         samples: dict[str, list[dict[str, Any]]] = {name: [] for name in present}
-        # The probes above were the warm-up: each wrote its .pyc (unless --cold).
+        # The probes above were the warm-up: each wrote its .pyc (unless --as-is).
         for _ in range(repeat):
             for name in present:
                 samples[name].append(_sample(name, env))
     report: dict[str, Any] = {
-        "python": sys.version.split()[0], "repeat": repeat, "cold": cold, "libs": {},
+        "python": sys.version.split()[0], "repeat": repeat, "as_is": as_is, "libs": {},
     }
     for name, runs in samples.items():
         ms = [r["ns"] / 1e6 for r in runs]
@@ -122,7 +123,7 @@ def run(libs: list[str], *, repeat: int, cold: bool, src: str | None) -> dict[st
 
 
 def show(report: dict[str, Any]) -> str:
-    mode = "cold: compiled from source" if report["cold"] else "warm: .pyc caches"
+    mode = "the environment as it is" if report["as_is"] else "warm: .pyc caches"
     lines = [
         f"Python {report['python']}, {report['repeat']} fresh interpreters per library, {mode}",
         f"{'import':<10} {'median ms':>9} {'p25..p75 ms':>13} {'min..max ms':>13}"
@@ -146,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=40, help="samples per library")
     parser.add_argument("--libs", default="rateloop,tenacity,stamina")
     parser.add_argument("--src", help="a source tree to put first on PYTHONPATH")
-    parser.add_argument("--cold", action="store_true", help="no bytecode caches: compile")
+    parser.add_argument("--as-is", action="store_true", help="no private bytecode cache")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     report = run(
         [name.strip() for name in args.libs.split(",") if name.strip()],
-        repeat=args.repeat, cold=args.cold, src=args.src,
+        repeat=args.repeat, as_is=args.as_is, src=args.src,
     )
     print(show(report))
     for name, row in report["libs"].items():

@@ -11,25 +11,22 @@ imported on first use by the module-level :func:`__getattr__` (PEP 562), then
 kept in the module's namespace, so ``from rateloop import RateLoop`` works as
 before and costs its import once.  ``__version__`` is read from the installed
 metadata the same way (stamina's ``__init__.py``).
+
+One name needs more: ``rateloop.classify`` is both the Read subpackage and
+its function.  Whoever imports the subpackage first (a stage, or a user's
+``from rateloop.classify import ...``) makes the import system bind the
+module to ``rateloop.classify``; :class:`_Face` binds the function instead,
+as the eager face's ``from rateloop.classify import classify`` did.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from rateloop._clock import Clock, SystemClock
-
-# Read is eager, and must be: `rateloop.classify` names both a subpackage and
-# the function, and the first import of the subpackage (by any stage) would
-# bind the module to that name, hiding a lazily loaded function.
-from rateloop.classify import (
-    classify,
-    classify_exception,
-    classify_response,
-    classify_text,
-    detect_provider,
-)
 from rateloop.errors import (
     BackendError,
     ConfigError,
@@ -56,6 +53,13 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         Reservation,
     )
     from rateloop.agents import AgentSettings, StepFailure, run_step
+    from rateloop.classify import (
+        classify,
+        classify_exception,
+        classify_response,
+        classify_text,
+        detect_provider,
+    )
     from rateloop.integrations.clients import (
         anthropic_client,
         async_anthropic_client,
@@ -147,6 +151,7 @@ __all__ = [
     "task",
 ]
 
+_READ = "rateloop.classify"  # ~100 patterns and ~4000 lines: the largest stage to load
 _ADMIT = "rateloop.admission"
 _TIME = "rateloop.timing.decide"  # imports the policy package (and so yaml) today
 _POLICY = "rateloop.policy"  # TOML/YAML loading, layers and locks
@@ -184,7 +189,12 @@ _LAZY: dict[str, str] = {
     "anthropic_client": _CLIENTS,
     "async_anthropic_client": _CLIENTS,
     "async_openai_client": _CLIENTS,
+    "classify": _READ,
+    "classify_exception": _READ,
+    "classify_response": _READ,
+    "classify_text": _READ,
     "decide": _TIME,
+    "detect_provider": _READ,
     "genai_client": _CLIENTS,
     "openai_client": _CLIENTS,
     "run_step": _AGENTS,
@@ -218,6 +228,19 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Face(types.ModuleType):
+    """The face's module type: it keeps ``rateloop.classify`` the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The import system binds a loaded subpackage to its parent's attribute.
+        if name == "classify" and isinstance(value, types.ModuleType):
+            value = value.classify
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Face
 
 
 # A library never configures logging for its users: without a handler of theirs,
