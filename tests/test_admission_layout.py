@@ -142,3 +142,16 @@ def test_observe_reads_the_key_layout_from_its_one_owner() -> None:
     assert redis_state.KINDS is keys.KINDS
     source = Path(redis_state.__file__).read_text(encoding="utf-8")
     assert "def key_of" not in source and "def scope_of_key" not in source
+
+
+def test_without_redis_py_a_redis_url_says_which_extra_to_install() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from rateloop.admission import Limiter\n"
+        "try:\n"
+        "    Limiter.from_url('redis://127.0.0.1:1/0')\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'rateloop[redis]'" in out.stdout
