@@ -43,7 +43,7 @@ from fleet_bench import WORKLOADS, make_calls
 
 from rateloop import AsyncRateLoop, Cost, Route
 from rateloop.admission import Limiter, LimitSpec
-from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.policy import Policy
 from rateloop.sim.harness import ideal_seconds
 from rateloop.sim.vtime import VirtualClock, run_virtual
