@@ -15,17 +15,23 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from rateloop._clock import Clock
+from rateloop.outcome.events import EventSink
 from rateloop.policy import Policy
 from rateloop.route import Cost, Priority, Route
+from rateloop.signal import LimitSignal
 from rateloop.timing.budget import RunBudget
 
 __all__ = [
     "CallOptions",
     "CallSpec",
+    "Classifier",
+    "KeepReservation",
+    "LoopOptions",
     "Priority",
     "call_spec",
     "check_classify",
     "check_clock",
+    "check_keep_reservation",
     "check_limiter",
     "check_policy",
     "check_rng",
@@ -36,6 +42,30 @@ __all__ = [
 
 #: The methods the loop calls on a limiter (sync and async twins); see docs/loop.md.
 LIMITER_METHODS = ("try_reserve", "atry_reserve", "observe", "aobserve", "pause", "apause")
+
+
+#: ``(exception) -> LimitSignal``: the loop's ``classify=`` hook.
+Classifier = Callable[[BaseException], LimitSignal]
+
+#: ``(fn, reservation) -> bool``: the loop's ``keep_reservation=`` hook.  Asked with the
+#: attempt callable and the reservation of an attempt that succeeded, before the loop
+#: settles it; True means the hook took the reservation over (and settles or releases
+#: it later itself: a response stream does when it closes).
+KeepReservation = Callable[[Callable[..., Any], Any], bool]
+
+
+class LoopOptions(TypedDict, total=False):
+    """The arguments of :class:`RateLoop` (all optional), as :meth:`RateLoop.like` takes them."""
+
+    policy: Policy | None
+    limiter: Any
+    clock: Clock | None
+    sinks: Sequence[EventSink] | None
+    classify: Classifier | None
+    run_budget: RunBudget | None
+    run_id: str | None
+    rng: Callable[[], float] | None
+    keep_reservation: KeepReservation | None
 
 
 class CallOptions(TypedDict, total=False):
@@ -152,6 +182,14 @@ def check_classify(classify: object) -> None:
     if classify is not None and not callable(classify):
         raise TypeError(
             f"classify must be a callable (exception) -> LimitSignal, got {_name(classify)}"
+        )
+
+
+def check_keep_reservation(hook: object) -> None:
+    if hook is not None and not callable(hook):
+        raise TypeError(
+            "keep_reservation must be a callable (fn, reservation) -> bool, "
+            f"got {_name(hook)} {hook!r}"
         )
 
 
