@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from rateloop._clock import Clock
 from rateloop.outcome.events import EventSink
@@ -22,6 +22,8 @@ from rateloop.signal import LimitSignal
 from rateloop.timing.budget import RunBudget
 
 __all__ = [
+    "AsyncLimiter",
+    "BlockingLimiter",
     "CallOptions",
     "CallSpec",
     "Classifier",
@@ -40,8 +42,25 @@ __all__ = [
     "takes_call_labels",
 ]
 
-#: The methods the loop calls on a limiter (sync and async twins); see docs/loop.md.
-LIMITER_METHODS = ("try_reserve", "atry_reserve", "observe", "aobserve", "pause", "apause")
+class BlockingLimiter(Protocol):
+    """What :class:`RateLoop` calls on any limiter (docs/loop.md, "The limiter contract")."""
+
+    def try_reserve(self, route: Route, cost: Cost, *, priority: str) -> Any: ...
+    def observe(self, scope: str, signal: LimitSignal) -> None: ...
+    def pause(self, scope: str, until: datetime, reason: str) -> None: ...
+
+
+class AsyncLimiter(Protocol):
+    """What :class:`AsyncRateLoop` awaits on any limiter: the ``a``-prefixed twins."""
+
+    async def atry_reserve(self, route: Route, cost: Cost, *, priority: str) -> Any: ...
+    async def aobserve(self, scope: str, signal: LimitSignal) -> None: ...
+    async def apause(self, scope: str, until: datetime, reason: str) -> None: ...
+
+
+def _contract(protocol: type) -> tuple[str, ...]:
+    return tuple(name for name, member in vars(protocol).items() if inspect.isfunction(member)
+                 and not name.startswith("_"))
 
 
 #: ``(exception) -> LimitSignal``: the loop's ``classify=`` hook.
@@ -136,7 +155,7 @@ def check_limiter(limiter: object, *, is_async: bool = False) -> Any:
             "or limiter=Limiter.from_policy(policy)"
         )
     # Each twin needs only its own half of the contract (a test double may have one).
-    needed = [m for m in LIMITER_METHODS if m.startswith("a") == is_async]
+    needed = _contract(AsyncLimiter if is_async else BlockingLimiter)
     missing = [m for m in needed if not callable(getattr(limiter, m, None))]
     if missing:
         raise TypeError(

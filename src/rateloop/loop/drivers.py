@@ -70,6 +70,21 @@ class RateLoop(_BaseRateLoop):
     >>> outcome = loop.call(lambda route: "hi", route=Route(provider="openai", model="gpt-5"))
     >>> outcome.status.value, outcome.value
     ('completed', 'hi')
+
+    Customise it through its public hooks, never by subclassing (docs/loop.md,
+    "Customising the loop"):
+
+    - ``keep_reservation=(fn, reservation) -> bool`` is asked, with the
+      attempt callable, before the reservation of an attempt that succeeded
+      is settled; True takes it over (its owner settles or releases it later,
+      as the httpx transport's response streams do).
+    - :meth:`like` / :meth:`replace` build a loop with this one's arguments
+      (:meth:`options`) and some changed; ``AsyncRateLoop.like(loop)`` is its
+      asyncio twin.
+
+    >>> strict = loop.replace(keep_reservation=lambda fn, reservation: False)
+    >>> strict.policy is loop.policy, type(strict).__name__
+    (True, 'RateLoop')
     """
 
     def call(

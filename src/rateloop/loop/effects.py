@@ -4,27 +4,27 @@ The loop's flow (:mod:`rateloop.loop.flow`) never does I/O: it yields one of
 these values and receives the result.  The vocabulary is closed and typed
 (the drivers dispatch on the type, never on a method name):
 
-==================  ==========================================  ====================
-effect              a driver performs                           the flow receives
-==================  ==========================================  ====================
-:class:`Reserve`    ``limiter.try_reserve(route, cost, ...)``   a reservation or a
-                                                                ``Denied``
-:class:`Book`       ``limiter.try_book(route, cost, ...)``      the same
-:class:`Release`    ``reservation.release()``                   None
-:class:`Settle`     ``reservation.settle(in, out)``             None
-:class:`SettleUsage` ``reservation.settle_usage(usage)``        None
-:class:`Observe`    ``limiter.observe(scope, signal)``          None
-:class:`Pause`      ``limiter.pause(scope, until, reason)``     None
-:class:`Call`       the attempt: ``fn(route, ...)``             :class:`Returned` or
-                                                                :class:`Raised`
-:class:`Sleep`      ``clock.sleep(seconds)``                    None
-:class:`OutcomeCheck` ``outcome_check(route)``                  its verdict
-==================  ==========================================  ====================
+- :class:`Reserve` -- ``limiter.try_reserve(route, cost, priority=...)``: a
+  reservation, or a ``Denied``;
+- :class:`Book` -- ``Limiter.try_book(route, cost, priority, within)``: the same,
+  possibly for a start up to ``within`` seconds ahead;
+- :class:`Release` -- ``reservation.release()``;
+- :class:`Settle` -- ``reservation.settle(input_tokens, output_tokens)``;
+- :class:`SettleUsage` -- ``reservation.settle_usage(usage)``; before either
+  settle the driver asks the loop's ``keep_reservation`` hook, which may take
+  the reservation over instead;
+- :class:`Observe` -- ``limiter.observe(scope, signal)``;
+- :class:`Pause` -- ``limiter.pause(scope, until, reason)``;
+- :class:`Call` -- the attempt, ``fn(route, ...)``: :class:`Returned` or
+  :class:`Raised`;
+- :class:`Sleep` -- ``clock.sleep(seconds)``;
+- :class:`OutcomeCheck` -- the call's ``outcome_check(route)``: its verdict.
 
-:class:`~rateloop.loop.RateLoop` performs them with blocking calls,
-:class:`~rateloop.loop.AsyncRateLoop` awaits the ``a``-prefixed twin of
-each.  The helpers below read what an attempt's result says about SDK
-retries, token usage and pauses; they are shared by both drivers.
+Every other effect's result is None.  :class:`~rateloop.loop.RateLoop`
+performs them with blocking calls, :class:`~rateloop.loop.AsyncRateLoop`
+awaits the ``a``-prefixed twin of each.  The helpers below read what an
+attempt's result says about SDK retries, token usage and pauses; they are
+shared by both drivers.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ The steps of one attempt, each a sub-generator composed with ``yield from``:
 3. :meth:`_Run.settle_and_observe` -- settle the reservation (or let the
    ``keep_reservation`` hook take it), release it on a refusal, feed the
    provider's word to the limiter and pause the scope it names.
-4. A success ends the call; an exception no classifier knows is re-raised
-   (a bug, not a refusal); a refusal is recorded.
+4. :meth:`_Run.respond` -- a success ends the call; an exception no
+   classifier knows is re-raised (a bug, not a refusal); a refusal is
+   recorded and goes on to steps 5 and 6.
 5. :meth:`_Run.guard_write` -- a write that may have taken effect is never
    retried blindly (rule 9).
 6. :meth:`_Run.apply` -- ask the decider, then wait and retry, wait and
@@ -165,17 +166,7 @@ class _Run:
             if isinstance(attempted, Outcome):
                 return attempted
             yield from self.settle_and_observe(route, admitted, attempted)
-            result, signal, now = attempted.result, attempted.signal, attempted.now
-            if signal.kind is Kind.OK:
-                done = decide(state, signal, self.policy, now)
-                assert isinstance(done, Stop)
-                value = result.value if isinstance(result, Returned) else None
-                return report.finish(done.status, done.reason, value=value)
-            self.surface_bug(attempted)
-            record_refusal(state, now, signal.kind)
-            ended = yield from self.guard_write(route, attempted)
-            if ended is None:
-                ended = yield from self.apply(decide(state, signal, self.policy, now), route)
+            ended = yield from self.respond(route, attempted)
             if ended is not None:
                 return ended
 
@@ -315,7 +306,23 @@ class _Run:
                 reason=f"{signal.kind.value} on {scope}",
             )
 
-    # -- 4. a bug is not a refusal -----------------------------------------------------
+    # -- 4. respond to what came back -------------------------------------------------
+
+    def respond(self, route: Route, attempted: _Attempted) -> _Flow[Outcome | None]:
+        """Steps 4-6: the outcome when the call ends here, None to go round again."""
+        state, signal, now = self.state, attempted.signal, attempted.now
+        if signal.kind is Kind.OK:
+            done = decide(state, signal, self.policy, now)
+            assert isinstance(done, Stop)
+            result = attempted.result
+            value = result.value if isinstance(result, Returned) else None
+            return self.report.finish(done.status, done.reason, value=value)
+        self.surface_bug(attempted)
+        record_refusal(state, now, signal.kind)
+        ended = yield from self.guard_write(route, attempted)
+        if ended is not None:
+            return ended
+        return (yield from self.apply(decide(state, signal, self.policy, now), route))
 
     def surface_bug(self, attempted: _Attempted) -> None:
         """Re-raise an exception no classifier recognises (unless ``trigger_scope = "all"``)."""
