@@ -76,7 +76,7 @@ from rateloop.outcome.record import Status
 from rateloop.signal import Kind, LimitSignal
 from rateloop.timing.decision import Decision, FallBack, Proceed, Stop, Wait
 from rateloop.timing.exits import completed, exhausted, stop_for
-from rateloop.timing.fallback import fall_back_now, next_route
+from rateloop.timing.moves import fall_back_now, next_route
 from rateloop.timing.state import LoopSettings, LoopState
 from rateloop.timing.waits import wait_before
 from rateloop.timing.writes import WriteOutcome

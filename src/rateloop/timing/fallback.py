@@ -18,10 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from rateloop.route import Cost, Route
-from rateloop.timing.decision import FallBack, Skips
-from rateloop.timing.state import LoopSettings, LoopState
 
-__all__ = ["build_chain", "check_route", "fall_back_now", "next_route"]
+__all__ = ["build_chain", "check_route"]
 
 
 def build_chain(primary: Route, fallbacks: Sequence[Route] | None) -> tuple[Route, ...]:
@@ -62,38 +60,3 @@ def check_route(
         if price is not None and price > max_cost_usd:
             return f"estimated cost ${price:.4f} is above the ceiling ${max_cost_usd:.4f}"
     return None
-
-
-def next_route(
-    state: LoopState, settings: LoopSettings, *, exclude_providers: Collection[str]
-) -> FallBack | Skips:
-    """The next eligible route after the current one, or the skips that left none."""
-    fb = settings.fallback
-    skipped: list[tuple[Route, str]] = []
-    for index in range(state.index + 1, len(state.chain)):
-        candidate = state.chain[index]
-        why = check_route(
-            candidate,
-            cost=state.cost,
-            allowed_providers=fb.allowed_providers,
-            data_class=state.data_class if state.data_class is not None else fb.data_class,
-            max_cost_usd=fb.max_cost_usd,
-            exclude_providers=exclude_providers,
-        )
-        if why is None:
-            return FallBack(candidate, 0.0, "", index, tuple(skipped))
-        skipped.append((candidate, why))
-    return tuple(skipped)
-
-
-def fall_back_now(state: LoopState, settings: LoopSettings, why: str) -> FallBack | Skips:
-    """The next eligible route to move to at once (no wait) because ``why``, or the skips.
-
-    Used when the current route's own wait cannot fit (rule 5 of the decider),
-    for a server minimum and for an admission wait alike.
-    """
-    found = next_route(state, settings, exclude_providers=state.spent_providers)
-    if not isinstance(found, FallBack):
-        return found
-    reason = f"{why}; falling back to {found.route.scope} at once"
-    return FallBack(found.route, 0.0, reason, found.index, found.skipped)
