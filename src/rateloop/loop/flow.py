@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
-from rateloop.loop.args import CallSpec
+from rateloop.loop.args import CallSpec, Classifier
 from rateloop.loop.base import _LoopConfig
 from rateloop.loop.effects import (
     Book,
@@ -86,7 +86,8 @@ from rateloop.timing.state import (
 )
 from rateloop.timing.writes import is_ambiguous_failure, normalize_write_outcome
 
-__all__ = ["ARRIVAL_SLACK_SECS", "BOOK_HORIZON_SECS"]
+# Re-exported: older imports name them here.
+__all__ = ["ARRIVAL_SLACK_SECS", "BOOK_HORIZON_SECS", "Classifier"]
 
 R = TypeVar("R")
 _Flow = Generator[Effect, Any, R]
