@@ -43,7 +43,7 @@ from fleet_bench import WORKLOADS, make_calls
 
 from rateloop import AsyncRateLoop, Cost, Route
 from rateloop.admission import Limiter, LimitSpec
-from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.policy import Policy
 from rateloop.sim.harness import ideal_seconds
 from rateloop.sim.vtime import VirtualClock, run_virtual
@@ -105,8 +105,8 @@ def run(strategy: str, processes: int, workload: str, seed: int, args: Any) -> d
             limiter = RecordingLimiter(shared if processes > 1 else None, limits=limits,
                                        clock=clock, rng=random.Random(rng.random()))
             if processes > 1:  # read learned values through the shared store, as on Redis
-                limiter._learned_shared = True
-                limiter._learned._shared = True
+                limiter._known.shared = True
+                limiter._known.learned._shared = True
             loops.append(AsyncRateLoop(Policy(), limiter=limiter, clock=clock,
                                        rng=random.Random(rng.random()).random))
             gates.append(asyncio.Semaphore(slots[g]))

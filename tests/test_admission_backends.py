@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from _redis_server import redis_server
-from rateloop.admission.backend import BackendUnreachable, registered_schemes
+from rateloop.admission.backends import BackendUnreachable, registered_schemes
+from rateloop.admission.backends.memory import MemoryBackend
+from rateloop.admission.backends.redis import RedisBackend, redact_url
 from rateloop.admission.limiter import LOCAL_RETRY_SECONDS, Limiter
-from rateloop.admission.memory import MemoryBackend
-from rateloop.admission.redis_backend import RedisBackend, redact_url
 from rateloop.admission.reservation import Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError, ConfigError
@@ -354,7 +354,7 @@ def test_async_clients_of_many_loops_in_many_threads(redis_url: str) -> None:
     errors: list[BaseException] = []
 
     async def touch() -> None:
-        backend._async_client()  # builds this loop's client (connects lazily), prunes dead ones
+        backend.clients.async_client()  # builds this loop's client (lazily), prunes dead ones
 
     def run() -> None:
         try:

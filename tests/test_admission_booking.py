@@ -14,8 +14,8 @@ import asyncio
 import pytest
 
 import _limiters
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.limiter import MIN_RETRY_AFTER, Limiter
-from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import _limiters
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.gcra import DAY
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import AdmissionTimeout, Denied, Reservation
 from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route

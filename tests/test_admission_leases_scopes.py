@@ -21,9 +21,9 @@ import redis
 import _limiters
 from _redis_server import redis_server
 from rateloop.admission import LimitSpec
-from rateloop.admission.backend import BackendUnreachable
+from rateloop.admission.backends import BackendUnreachable
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
@@ -171,7 +171,7 @@ def test_the_local_fallback_counts_each_scope_too() -> None:
         assert all(r.local for r in reservations)
         for r in reservations:
             r.release()
-    assert isinstance(limiter._local, MemoryBackend)
+    assert isinstance(limiter._runner.local, MemoryBackend)
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.gcra import AIMD
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.plan import Priority
 from rateloop.admission.reservation import (
     AdmissionRejected,

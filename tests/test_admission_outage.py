@@ -18,9 +18,9 @@ import redis
 
 from _redis_server import free_port, redis_server
 from rateloop.admission import LimitSpec
-from rateloop.admission.backend import BackendUnreachable
+from rateloop.admission.backends import BackendUnreachable
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.limiter import LOCAL_RETRY_SECONDS, Limiter
-from rateloop.admission.memory import MemoryBackend
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.errors import BackendError
 from rateloop.route import Cost, Route

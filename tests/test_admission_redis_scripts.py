@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from rateloop.admission import LimitSpec
-from rateloop.admission._admit_script import admit_script, shape_of
+from rateloop.admission.backends.redis import RedisBackend
+from rateloop.admission.backends.scripts import admit_script, shape_of
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.redis_backend import RedisBackend
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.errors import BackendError
 from rateloop.route import Cost, Route
@@ -107,8 +107,8 @@ def test_plans_that_differ_only_in_limits_share_one_script(
     plans = []
     for limits in (small, large):
         limiter = Limiter(backend, limits=limits)
-        plans.append(limiter._plan(Route(provider="openai", model="gpt-5"), "interactive"))
-    a, b = (backend._encoded(p) for p in plans)
+        plans.append(limiter._known.plan(Route(provider="openai", model="gpt-5"), "interactive"))
+    a, b = (backend.codec.encoded(p) for p in plans)
     assert a.script == b.script  # one SHA: the limits are arguments, not part of the text
     assert a.shared != b.shared  # ... which differ
     other = shape_of(plans[0], {"openai:gpt-5": 1}, 1)

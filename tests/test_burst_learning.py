@@ -224,7 +224,7 @@ def test_a_configured_burst_everywhere_reads_nothing(redis_url: str, redis_prefi
         assert fill(two) == 10
         assert two.limits_for(MODEL) == limits[MODEL]
         # No round trip was spent reading learned values: none are due for this route.
-        assert two._refresh_op(ROUTE, "interactive") is None
+        assert two._admissions.refresh_op(ROUTE, "interactive") is None
     finally:
         one.close()
         two.close()

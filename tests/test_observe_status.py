@@ -104,11 +104,11 @@ def test_scope_of_key_reads_only_keys_under_the_prefix() -> None:
 
 @pytest.mark.parametrize("scope", ["openai:gpt-5", "openai:gpt-5:proj", "a:b:c:tenant-7", "x:y"])
 def test_key_of_names_keys_as_the_redis_backend_does(scope: str) -> None:
-    from rateloop.admission.redis_backend import RedisBackend
+    from rateloop.admission.backends.redis import RedisBackend
 
     backend = RedisBackend("redis://127.0.0.1:1/0", prefix="pre:")  # never connects
     for kind in ("s", "l", "k"):
-        assert key_of("pre:", kind, scope) == backend._key(kind, scope)
+        assert key_of("pre:", kind, scope) == backend.codec.key(kind, scope)
     backend.close()
 
 

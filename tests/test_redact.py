@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from rateloop._redact import redact, redact_url
 from rateloop.admission import Limiter
-from rateloop.admission.backend import BackendUnreachable
+from rateloop.admission.backends import BackendUnreachable
 from rateloop.errors import BackendError, ConfigError, RateLimitExhausted
 from rateloop.outcome import Outcome, Status
 from rateloop.route import Cost, Route

@@ -1,72 +1,71 @@
 """The shared limiter: reserve capacity in every scope of a route, at once.
 
-How it works.  Each public method is a generator (a *flow*) that yields
+How it works.  Each public method runs a generator (a *flow*) that yields
 steps -- "run this operation on the backend" or "sleep this long" -- and
-receives their results; the :class:`~rateloop.admission._driver.BackendDriver`
-it inherits runs a flow with blocking calls (``_drive``) or awaits
-(``_adrive``).  The algorithm (build the checks, interpret the answer, wait,
-give up at the deadline) is written once, in the flows; the backend does one
-atomic operation per step, so ``try_reserve`` is exactly one round trip.
+receives their results; the :class:`~rateloop.admission.runner.BackendRunner`
+runs a flow with blocking calls (``run``) or awaits (``arun``).  The
+algorithm (build the checks, interpret the answer, wait, give up at the
+deadline) is written once, in the flows; the backend does one atomic
+operation per step, so ``try_reserve`` is exactly one round trip.
 
 When the backend is unreachable the limiter either raises
 :class:`~rateloop.errors.BackendError` (``on_unreachable="fail_closed"``, the
 default) or falls back to a per-process memory limiter holding
 ``local_share`` of every limit (``"local"``) -- N processes that all fall
 back then admit at most ``N × local_share`` of a limit.  It tries the shared
-backend again after :data:`LOCAL_RETRY_SECONDS` (``_driver.py``).
+backend again after :data:`LOCAL_RETRY_SECONDS` (``runner.py``).
 
-The limits in force (configured and learned), the plans built from them and
-the flows behind ``observe`` and ``pause`` (learning from the provider) are in
-:class:`~rateloop.admission._known.KnownLimits` (``_known.py``), the base of
-:class:`Limiter`; this module holds construction and admission.
+:class:`Limiter` is a composition; it holds four collaborators and shares no
+private state with them.  The arrows point one way::
+
+    Limiter ──> Admissions ──> KnownLimits
+       │            └────────> BackendRunner ──> Refusals, Backend
+       └──────> Feedback ────> KnownLimits, Refusals
+
+* :class:`~rateloop.admission.runner.BackendRunner` (``runner.py``) performs
+  the flows' steps on the backend, with the local fallback, and keeps the
+  :class:`~rateloop.admission.runner.Refusals` the backends report;
+* :class:`~rateloop.admission.known.KnownLimits` (``known.py``): the limits
+  in force (configured and learned) and the plans built from them;
+* :class:`~rateloop.admission.admit.Admissions` (``admit.py``): the flows of
+  ``try_reserve`` and ``reserve``, and the
+  :class:`~rateloop.admission.reservation.Settler` each reservation calls back;
+* :class:`~rateloop.admission.feedback.Feedback` (``feedback.py``): the flows
+  behind ``observe`` and ``pause``, learning from the provider.
+
+This module holds construction and the public twins.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import math
 import random
-import secrets
 from collections.abc import Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rateloop._clock import Clock, system_clock
-from rateloop.admission._driver import LOCAL_RETRY_SECONDS, _Do, _Done, _Flow, _Sleep
-from rateloop.admission._known import KnownLimits
-from rateloop.admission.backend import Backend, backend_from_url
-from rateloop.admission.gcra import AIMD, pause_spread
-from rateloop.admission.plan import AdmitOp, AdmitResult, Check
-from rateloop.admission.reservation import (
-    AdmissionRejected,
-    AdmissionTimeout,
-    Denied,
-    Reservation,
-)
+from rateloop.admission.admit import MAX_BOOK_SECONDS, MIN_RETRY_AFTER, Admissions
+from rateloop.admission.backends import Backend, MemoryBackend, backend_from_url
+from rateloop.admission.feedback import Feedback
+from rateloop.admission.gcra import AIMD
+from rateloop.admission.known import KnownLimits
+from rateloop.admission.profile import AccountingProfile
+from rateloop.admission.reservation import Denied, Reservation
+from rateloop.admission.runner import LOCAL_RETRY_SECONDS, BackendRunner
 from rateloop.admission.spec import LimitSpec
-from rateloop.route import Cost, Priority, Route
-from rateloop.signal import LimitSignal, clamp_wait
+from rateloop.route import Cost, Route
+from rateloop.signal import LimitSignal
 
 if TYPE_CHECKING:
     from rateloop.policy import Policy
 
 __all__ = ["LOCAL_RETRY_SECONDS", "MAX_BOOK_SECONDS", "MIN_RETRY_AFTER", "Limiter"]
 
-#: A denial's ``retry_after`` is at least this long (seconds).
-MIN_RETRY_AFTER = 0.001
-#: The furthest ahead a start is booked (``reserve`` without a deadline books up to this).
-MAX_BOOK_SECONDS = 3600.0
 
-T = TypeVar("T")
-
-
-_NO_REFUSAL = -math.inf
-_new_tuple = tuple.__new__
-
-
-class Limiter(KnownLimits):
+class Limiter:
     """Admission across requests, tokens, day quotas and concurrency of every scope.
 
     >>> from rateloop.testing import FakeClock
@@ -87,17 +86,18 @@ class Limiter(KnownLimits):
         aimd: AIMD | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(
-            backend,
-            clock=clock,
-            on_unreachable=on_unreachable,
-            local_share=local_share,
-            aimd=aimd,
+        self.aimd = aimd or AIMD()
+        self._runner = runner = BackendRunner(
+            backend, clock=clock, on_unreachable=on_unreachable, local_share=local_share
         )
-        self._rng = rng or random.Random()
-        # Lease ids: unique across processes (random prefix), cheap within one.
-        self._lease_prefix = secrets.token_hex(6) + "-"
-        self._lease_counter = itertools.count()
+        self._clock = runner.clock
+        rng = rng or random.Random()
+        # Learned limits go through the backend when other processes share it.
+        self._known = known = KnownLimits(shared=not isinstance(runner.backend, MemoryBackend))
+        self._admissions = Admissions(known, runner, rng=rng, aimd=self.aimd)
+        self._feedback = Feedback(
+            known, runner.refusals, clock=runner.clock, rng=rng, aimd=self.aimd
+        )
         for scope, spec in (limits or {}).items():
             self.set_limits(scope, spec)
 
@@ -160,148 +160,43 @@ class Limiter(KnownLimits):
 
     def __repr__(self) -> str:
         return (
-            f"Limiter({self._backend.url!r}, scopes={sorted(self._limits)}, "
-            f"on_unreachable={self._on_unreachable!r})"
+            f"Limiter({self._runner.backend.url!r}, scopes={self._known.configured_scopes()}, "
+            f"on_unreachable={self._runner.on_unreachable!r})"
         )
 
     @property
     def backend(self) -> Backend:
-        return self._backend
+        return self._runner.backend
+
+    # -- the limits in force --------------------------------------------------------------
+
+    def set_limits(self, scope: str, spec: LimitSpec | None) -> None:
+        """Configure (or with ``None`` remove) the limits of ``scope``."""
+        self._known.set_limits(scope, spec)
+
+    def limits_for(self, scope: str) -> LimitSpec | None:
+        """The limits in force in ``scope``: configured, else learned from headers, else None.
+
+        A configured limit the provider's headers state lower (for this very
+        scope) is in force at the provider's value.
+
+        Without a configured ``burst``, the burst learned from the provider's
+        headers (its bucket, when it holds less than a minute) is the spec's
+        ``burst``; without either, the profile's pacing applies.
+        """
+        return self._known.limits_for(scope)
+
+    def profile_of(self, scope: str) -> AccountingProfile:
+        """How the provider of ``scope`` charges usage: the nearest scope's ``profile``
+        setting on its path, else the profile of its provider (the first part)."""
+        return self._known.profile_of(scope)
+
+    @property
+    def limits(self) -> Mapping[str, LimitSpec]:
+        """The configured limits (a copy)."""
+        return self._known.limits
 
     # -- flows: the algorithm, written once ----------------------------------------------
-
-    def _admit_op(self, route: Route, cost: Cost, priority: str | Priority) -> AdmitOp | Denied:
-        """First half of an admission: the operation to run, or a denial needing none.
-
-        The plan (cached per route and priority) gives the checks; only the
-        amounts and allowances are computed from ``cost``, and not even those
-        when the cost is the previous call's (``plan.last``, which also keeps
-        the whole operation when no lease id makes each one unique).
-        """
-        plan = self._plan(route, priority)
-        last = plan.last
-        if last[0] is cost:
-            _, amounts, allowed, op = last
-            if op is not None:
-                return op
-        else:
-            # plan.amounts(cost) and plan.allowances(amounts), inlined: the hot path.
-            r, i, o = cost.requests, cost.input_tokens, cost.output_tokens
-            # Floats: the backends' arithmetic mixes them with float levels, and
-            # float-with-float is CPython's fast path.
-            amounts = plan.pick((float(r), float(i), float(o), float(i + o), 1.0))
-            fit = plan.fit_shares
-            if r <= fit[0] and i <= fit[1] and o <= fit[2] and i + o <= fit[3]:
-                allowed = plan.shares  # every amount within its class's share
-            else:
-                never = plan.never_fits(amounts)
-                if never is not None:  # no state can change this: no round trip
-                    return self._never_fits(plan.checks[never], amounts[never])
-                allowed = plan.allowances(amounts)
-            if plan.lease_scope is None:
-                op = _new_tuple(AdmitOp, (plan, amounts, allowed, None, self.aimd, 0.0))
-                plan.last = (cost, amounts, allowed, op)
-                return op
-            plan.last = (cost, amounts, allowed, None)
-        lease_id = f"{self._lease_prefix}{next(self._lease_counter)}"
-        return _new_tuple(AdmitOp, (plan, amounts, allowed, lease_id, self.aimd, 0.0))
-
-    def _admit_outcome(self, route: Route, cost: Cost, done: _Done) -> Reservation | Denied:
-        """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
-        result: AdmitResult = done[0]
-        ran: AdmitOp = done[1]
-        if result.refused_until > _NO_REFUSAL:  # a refusal this process may not know of yet
-            self._note_refused(ran.plan.scopes, result.refused_until, done[2])
-        if result.granted:
-            return Reservation(
-                self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
-            )
-        if result.never_fits:  # the local share can be smaller than a cost
-            i = next(
-                i
-                for i, c in enumerate(ran.plan.checks)
-                if c.scope == result.scope and c.dimension == result.dimension
-            )
-            return self._never_fits(ran.plan.checks[i], ran.amounts[i])
-        return self._denied(result)
-
-    def _admit_flow(
-        self,
-        route: Route,
-        cost: Cost,
-        priority: str | Priority,
-        deadline: float | None = None,
-        book: float = 0.0,
-    ) -> _Flow[Reservation | Denied]:
-        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
-            self._adopt((yield _Do(refresh, deadline=deadline)))
-        op = self._admit_op(route, cost, priority)
-        if isinstance(op, Denied):
-            return op
-        if book and op.plan.bookable:
-            op = op._replace(book=book)
-        done = yield _Do(op, deadline=deadline)
-        return self._admit_outcome(route, cost, done)
-
-    def _never_fits(self, check: Check, amount: float) -> Denied:
-        return Denied(
-            retry_after=0.0,
-            scope=check.scope,
-            dimension=check.dimension,
-            reason=(
-                f"cost of {amount:g} {check.dimension.value} exceeds the limit "
-                f"of {check.ceiling:g}; waiting cannot help"
-            ),
-            never_fits=True,
-        )
-
-    def _denied(self, result: AdmitResult) -> Denied:
-        scope = result.scope or ""
-        dim = result.dimension
-        wait = result.wait
-        if result.paused_reason is not None:
-            wait += pause_spread(wait, self._rng.random())
-            reason = f"scope paused: {result.paused_reason}"
-        else:
-            reason = f"{dim.value if dim else 'capacity'} limit reached"
-        # At least MIN_RETRY_AFTER: a wait of 0 or a few ulps (a level a rounding
-        # error above its allowance) would have the caller ask again at the same instant.
-        return Denied(
-            retry_after=max(clamp_wait(wait) or 0.0, MIN_RETRY_AFTER),
-            scope=scope,
-            dimension=dim,
-            reason=reason,
-        )
-
-    def _reserve_flow(
-        self, route: Route, cost: Cost, priority: str | Priority, deadline: float | None
-    ) -> _Flow[Reservation]:
-        while True:
-            # Book a start rather than poll: the caller sleeps exactly until its turn,
-            # first come first served, as far ahead as its deadline allows.
-            book = MAX_BOOK_SECONDS
-            if deadline is not None:
-                book = min(book, max(0.0, deadline - self._clock.monotonic()))
-            outcome = yield from self._admit_flow(route, cost, priority, deadline, book)
-            if isinstance(outcome, Reservation):
-                if outcome.starts_in > 0:
-                    yield _Sleep(outcome.starts_in)
-                    if outcome.stale:  # a refusal since the booking: give it back, ask again
-                        op = outcome._release_op()
-                        if outcome._claim() and op is not None:
-                            self._settled((yield _Do(op, local=outcome.local)))
-                        continue
-                return outcome
-            if outcome.never_fits:
-                raise AdmissionRejected(outcome)
-            wait = outcome.retry_after
-            if deadline is not None and self._clock.monotonic() + wait > deadline:
-                raise AdmissionTimeout(
-                    outcome,
-                    retry_after=wait,
-                    retry_at=self._clock.now() + timedelta(seconds=wait),
-                )
-            yield _Sleep(wait)
 
     # -- the public twins -------------------------------------------------------------------------
 
@@ -325,17 +220,18 @@ class Limiter(KnownLimits):
         ``reserve`` is kept for the higher ones.  ``None`` (the default):
         grant only what fits now.
 
-        This is ``_admit_flow`` run by hand: the same two halves around one
-        step, without a generator, because it is the hottest path.
+        This is ``Admissions.admit_flow`` run by hand: the same two halves
+        around one step, without a generator, because it is the hottest path.
         """
-        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
-            self._adopt(self._execute(refresh))
-        op = self._admit_op(route, cost, priority)
+        admissions = self._admissions
+        if self._known.shared and (refresh := admissions.refresh_op(route, priority)) is not None:
+            self._known.adopt(self._runner.execute(refresh)[0])
+        op = admissions.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
         if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
             op = op._replace(book=book)
-        return self._admit_outcome(route, cost, self._execute(op))
+        return admissions.admit_outcome(route, cost, self._runner.execute(op))
 
     async def atry_reserve(
         self,
@@ -345,14 +241,15 @@ class Limiter(KnownLimits):
         priority: str = "interactive",
         book_within: float | None = None,
     ) -> Reservation | Denied:
-        if self._learned_shared and (refresh := self._refresh_op(route, priority)) is not None:
-            self._adopt(await self._aexecute(refresh))
-        op = self._admit_op(route, cost, priority)
+        admissions = self._admissions
+        if self._known.shared and (refresh := admissions.refresh_op(route, priority)) is not None:
+            self._known.adopt((await self._runner.aexecute(refresh))[0])
+        op = admissions.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
         if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
             op = op._replace(book=book)
-        return self._admit_outcome(route, cost, await self._aexecute(op))
+        return admissions.admit_outcome(route, cost, await self._runner.aexecute(op))
 
     def try_book(
         self, route: Route, cost: Cost, priority: str, within: float
@@ -389,7 +286,8 @@ class Limiter(KnownLimits):
         :class:`AdmissionTimeout` at once instead of waiting.  A cost that can
         never fit raises :class:`AdmissionRejected`.
         """
-        return self._drive(self._reserve_flow(route, cost, priority, self._until(deadline)))
+        flow = self._admissions.reserve_flow(route, cost, priority, self._until(deadline))
+        return self._runner.run(flow)
 
     async def areserve(
         self,
@@ -400,7 +298,8 @@ class Limiter(KnownLimits):
         deadline: datetime | float | None = None,
     ) -> Reservation:
         """Await capacity; see :meth:`reserve`."""
-        return await self._adrive(self._reserve_flow(route, cost, priority, self._until(deadline)))
+        flow = self._admissions.reserve_flow(route, cost, priority, self._until(deadline))
+        return await self._runner.arun(flow)
 
     def _until(self, deadline: datetime | float | None) -> float | None:
         """A deadline (aware datetime, or seconds from now) on the monotonic clock."""
@@ -422,25 +321,25 @@ class Limiter(KnownLimits):
         ``until`` is an aware datetime or seconds from now.  A pause is never
         shortened by a later, shorter one.
         """
-        self._drive(self._pause_flow(scope, until, reason))
+        self._runner.run(self._feedback.pause_flow(scope, until, reason))
 
     async def apause(self, scope: str, until: datetime | float, reason: str) -> None:
-        await self._adrive(self._pause_flow(scope, until, reason))
+        await self._runner.arun(self._feedback.pause_flow(scope, until, reason))
 
     def observe(self, scope: str, headers_or_signal: LimitSignal | Mapping[str, str]) -> None:
         """Learn from the provider's headers (or a classified signal) for ``scope``."""
-        self._drive(self._observe_flow(scope, headers_or_signal))
+        self._runner.run(self._feedback.observe_flow(scope, headers_or_signal))
 
     async def aobserve(
         self, scope: str, headers_or_signal: LimitSignal | Mapping[str, str]
     ) -> None:
-        await self._adrive(self._observe_flow(scope, headers_or_signal))
+        await self._runner.arun(self._feedback.observe_flow(scope, headers_or_signal))
 
     def close(self) -> None:
-        self._backend.close()
+        self._runner.backend.close()
 
     async def aclose(self) -> None:
-        await self._backend.aclose()
+        await self._runner.backend.aclose()
 
 
 @functools.cache

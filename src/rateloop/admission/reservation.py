@@ -17,6 +17,11 @@ wait until it has drained.  :meth:`Reservation.release` is for a call that
 was rejected: every token goes back, the request itself stays counted
 (providers count a rejected request).  Both release the concurrency lease,
 and both are idempotent.
+
+A reservation calls back into whoever granted it through :class:`Settler`,
+the few public names it uses (the limiter's
+:class:`~rateloop.admission.admit.Admissions` implements it); this module
+never imports the limiter.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from rateloop.admission.gcra import AIMD
 from rateloop.admission.plan import AdmitPlan, Check, SettleOp
 from rateloop.admission.profile import usage_charge
 from rateloop.errors import RateloopError
@@ -34,10 +40,26 @@ from rateloop.outcome.record import Status
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension
 
-if TYPE_CHECKING:
-    from rateloop.admission.limiter import Limiter
+__all__ = ["AdmissionRejected", "AdmissionTimeout", "Denied", "Reservation", "Settler"]
 
-__all__ = ["AdmissionRejected", "AdmissionTimeout", "Denied", "Reservation"]
+
+class Settler(Protocol):
+    """What a :class:`Reservation` calls back into: the limiter side that granted it."""
+
+    @property
+    def aimd(self) -> AIMD:
+        """The AIMD settings a settle applies (its recovery rate)."""
+        ...
+
+    def refused_before(self, scopes: tuple[str, ...], start: float, local: bool) -> bool:
+        """Did a refusal known in one of ``scopes`` leave nothing at the backend time ``start``?"""
+        ...
+
+    def settle(self, op: SettleOp, *, local: bool) -> float | None:
+        """Run ``op`` on the backend that granted (``local``: the local fallback); its time."""
+        ...
+
+    async def asettle(self, op: SettleOp, *, local: bool) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +140,7 @@ class Reservation:
 
     __slots__ = (
         "_done",
-        "_limiter",
+        "_owner",
         "cost",
         "granted_at",
         "lease_id",
@@ -131,7 +153,7 @@ class Reservation:
 
     def __init__(
         self,
-        limiter: Limiter,
+        owner: Settler,
         route: Route,
         cost: Cost,
         plan: AdmitPlan,
@@ -140,12 +162,12 @@ class Reservation:
         local: bool,
         starts_in: float = 0.0,
     ) -> None:
-        """Built by the :class:`Limiter` once per admission (positional: it is hot).
+        """Built by the limiter once per admission (positional: it is hot).
 
         ``plan`` is the one that ran (scaled to the local share when ``local``),
         so a settle adjusts exactly the buckets that were charged.
         """
-        self._limiter = limiter
+        self._owner = owner
         self.route = route
         self.cost = cost
         self.plan = plan
@@ -193,7 +215,7 @@ class Reservation:
         if self.starts_in <= 0.0:
             return False
         start = self.granted_at + self.starts_in
-        return self._limiter._refused_before(self.plan.scopes, start, self.local)
+        return self._owner.refused_before(self.plan.scopes, start, self.local)
 
     @property
     def done(self) -> bool:
@@ -245,10 +267,20 @@ class Reservation:
                 tuple(checks),
                 tuple(values),
                 self.lease_id,
-                self._limiter.aimd,
+                self._owner.aimd,
                 self.granted_at + self.starts_in,
             ),
         )
+
+    def claim_release(self) -> SettleOp | None:
+        """Mark this reservation released; the operation that gives it back, for the caller to run.
+
+        For the limiter's flows, which run the operation as one of their steps
+        (a booked start that a refusal voided, :attr:`stale`).  None: it was
+        done already, or there is nothing to give back.
+        """
+        op = self._release_op()
+        return op if self._claim() else None
 
     def _claim(self) -> bool:
         _CLAIM_LOCK.acquire()  # not ``with``: half the cost, same guarantee
@@ -301,7 +333,7 @@ class Reservation:
         if op is None:
             return
         try:
-            self.settled_at = self._limiter._run_settle(op, local=self.local)
+            self.settled_at = self._owner.settle(op, local=self.local)
         except BaseException:
             self._unclaim()
             raise
@@ -312,7 +344,7 @@ class Reservation:
         if op is None:
             return
         try:
-            self.settled_at = await self._limiter._arun_settle(op, local=self.local)
+            self.settled_at = await self._owner.asettle(op, local=self.local)
         except BaseException:
             self._unclaim()
             raise

@@ -61,7 +61,6 @@ from rateloop.integrations._stream import (
 )
 from rateloop.loop.args import check_policy
 from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
-from rateloop.loop.effects import Effect, LimiterCall
 from rateloop.outcome.events import EventSink
 from rateloop.outcome.record import Outcome
 from rateloop.policy import Policy
@@ -305,31 +304,23 @@ class _AsyncAttempt(_Attempt):
 # --- the loop performers ---------------------------------------------------------------
 
 
-def _keeps_stream(effect: Effect, fn: object) -> StreamHold | None:
-    """The stream that takes this settle effect's reservation, if there is one."""
-    if isinstance(effect, LimiterCall) and effect.method == "settle" and isinstance(fn, _Attempt):
-        return fn.stream
-    return None
+def _keeps_stream(fn: object, reservation: Any) -> bool:
+    """The loop's ``keep_reservation`` hook: a stream takes its attempt's reservation.
+
+    It settles the reservation from the usage it saw when it closes, or
+    releases it when it is abandoned (:mod:`rateloop.integrations._stream`).
+    Any other successful attempt is settled by the loop as usual.
+    """
+    if isinstance(fn, _Attempt) and fn.stream is not None:
+        fn.stream.hold(reservation)
+        return True
+    return False
 
 
-class _SyncPerformer(RateLoop):
-    """The RATE loop, performing a stream's settle by handing it the reservation."""
-
-    def _perform(self, effect: Effect, fn: Callable[..., Any], spec: Any) -> Any:
-        hold = _keeps_stream(effect, fn)
-        if hold is not None:
-            hold.hold(effect.target)  # type: ignore[union-attr]
-            return None
-        return super()._perform(effect, fn, spec)
-
-
-class _AsyncPerformer(AsyncRateLoop):
-    async def _perform(self, effect: Effect, fn: Callable[..., Any], spec: Any) -> Any:
-        hold = _keeps_stream(effect, fn)
-        if hold is not None:
-            hold.hold(effect.target)  # type: ignore[union-attr]
-            return None
-        return await super()._perform(effect, fn, spec)
+# The loops the transport runs are plain loops: the stream's hand-over is the public
+# ``keep_reservation`` hook, added with ``loop.replace`` (no override, no patching).
+_SyncPerformer = RateLoop
+_AsyncPerformer = AsyncRateLoop
 
 
 # --- the transport base ----------------------------------------------------------------
@@ -393,14 +384,8 @@ class TransportBase:
         performer = _AsyncPerformer if self.is_async else _SyncPerformer
         if loop is not None:
             user_classify = loop.classify
-            self.loop: RateLoop | AsyncRateLoop = performer(
-                transport_policy(loop.policy),
-                limiter=loop.limiter,
-                clock=loop.clock,
-                sinks=loop.sinks,
-                run_budget=loop.run_budget,
-                run_id=loop.run_id,
-                rng=loop._rng,
+            self.loop: RateLoop | AsyncRateLoop = performer.like(
+                loop, policy=transport_policy(loop.policy)
             )
         else:
             user_classify = None
@@ -409,7 +394,10 @@ class TransportBase:
             self.loop = performer(
                 transport_policy(policy), limiter=limiter, clock=clock, sinks=sinks
             )
-        self.loop.classify = self._classifier(user_classify)
+        self.loop = self.loop.replace(
+            classify=self._classifier(user_classify, self.loop.clock),
+            keep_reservation=_keeps_stream,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -431,11 +419,10 @@ class TransportBase:
     def policy(self) -> Policy:
         return self.loop.policy
 
+    @staticmethod
     def _classifier(
-        self, user: Callable[[BaseException], LimitSignal] | None
+        user: Callable[[BaseException], LimitSignal] | None, clock: Clock
     ) -> Callable[[BaseException], LimitSignal]:
-        clock = self.loop.clock
-
         def classify(error: BaseException) -> LimitSignal:
             if isinstance(error, _EnvelopeFailure):
                 return error.signal

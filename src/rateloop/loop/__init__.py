@@ -1,9 +1,15 @@
 """The loop: the RATE loop's flow and the two drivers that perform it.
 
-- :mod:`~rateloop.loop.flow` — the one effect generator shared by both drivers.
-- :mod:`~rateloop.loop.effects` — the effects the flow yields and what comes back.
-- :mod:`~rateloop.loop.args` — the call's argument checks.
-- :mod:`~rateloop.loop.drivers` — :class:`RateLoop` (blocking) and :class:`AsyncRateLoop`.
+- :mod:`~rateloop.loop.flow` — one call's flow, shared by both drivers: small generators
+  of effects (admit, attempt, settle and observe, guard a write, apply the decision).
+- :mod:`~rateloop.loop.effects` — the closed vocabulary of effects the flow yields, and
+  what comes back.
+- :mod:`~rateloop.loop.report` — one call's events, attempt ledger and outcome.
+- :mod:`~rateloop.loop.base` — the loop's configuration and its public hooks
+  (``keep_reservation=``, ``like`` / ``replace``).
+- :mod:`~rateloop.loop.args` — the argument checks and the limiter contract.
+- :mod:`~rateloop.loop.drivers` — :class:`RateLoop` (blocking) and :class:`AsyncRateLoop`,
+  which perform the effects by type.
 """
 
 from __future__ import annotations

@@ -12,20 +12,28 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from rateloop._clock import Clock
+from rateloop.outcome.events import EventSink
 from rateloop.policy import Policy
 from rateloop.route import Cost, Priority, Route
+from rateloop.signal import LimitSignal
 from rateloop.timing.budget import RunBudget
 
 __all__ = [
+    "AsyncLimiter",
+    "BlockingLimiter",
     "CallOptions",
     "CallSpec",
+    "Classifier",
+    "KeepReservation",
+    "LoopOptions",
     "Priority",
     "call_spec",
     "check_classify",
     "check_clock",
+    "check_keep_reservation",
     "check_limiter",
     "check_policy",
     "check_rng",
@@ -34,8 +42,49 @@ __all__ = [
     "takes_call_labels",
 ]
 
-#: The methods the loop calls on a limiter (sync and async twins); see docs/loop.md.
-LIMITER_METHODS = ("try_reserve", "atry_reserve", "observe", "aobserve", "pause", "apause")
+class BlockingLimiter(Protocol):
+    """What :class:`RateLoop` calls on any limiter (docs/loop.md, "The limiter contract")."""
+
+    def try_reserve(self, route: Route, cost: Cost, *, priority: str) -> Any: ...
+    def observe(self, scope: str, signal: LimitSignal) -> None: ...
+    def pause(self, scope: str, until: datetime, reason: str) -> None: ...
+
+
+class AsyncLimiter(Protocol):
+    """What :class:`AsyncRateLoop` awaits on any limiter: the ``a``-prefixed twins."""
+
+    async def atry_reserve(self, route: Route, cost: Cost, *, priority: str) -> Any: ...
+    async def aobserve(self, scope: str, signal: LimitSignal) -> None: ...
+    async def apause(self, scope: str, until: datetime, reason: str) -> None: ...
+
+
+def _contract(protocol: type) -> tuple[str, ...]:
+    return tuple(name for name, member in vars(protocol).items() if inspect.isfunction(member)
+                 and not name.startswith("_"))
+
+
+#: ``(exception) -> LimitSignal``: the loop's ``classify=`` hook.
+Classifier = Callable[[BaseException], LimitSignal]
+
+#: ``(fn, reservation) -> bool``: the loop's ``keep_reservation=`` hook.  Asked with the
+#: attempt callable and the reservation of an attempt that succeeded, before the loop
+#: settles it; True means the hook took the reservation over (and settles or releases
+#: it later itself: a response stream does when it closes).
+KeepReservation = Callable[[Callable[..., Any], Any], bool]
+
+
+class LoopOptions(TypedDict, total=False):
+    """The arguments of :class:`RateLoop` (all optional), as :meth:`RateLoop.like` takes them."""
+
+    policy: Policy | None
+    limiter: Any
+    clock: Clock | None
+    sinks: Sequence[EventSink] | None
+    classify: Classifier | None
+    run_budget: RunBudget | None
+    run_id: str | None
+    rng: Callable[[], float] | None
+    keep_reservation: KeepReservation | None
 
 
 class CallOptions(TypedDict, total=False):
@@ -106,7 +155,7 @@ def check_limiter(limiter: object, *, is_async: bool = False) -> Any:
             "or limiter=Limiter.from_policy(policy)"
         )
     # Each twin needs only its own half of the contract (a test double may have one).
-    needed = [m for m in LIMITER_METHODS if m.startswith("a") == is_async]
+    needed = _contract(AsyncLimiter if is_async else BlockingLimiter)
     missing = [m for m in needed if not callable(getattr(limiter, m, None))]
     if missing:
         raise TypeError(
@@ -152,6 +201,14 @@ def check_classify(classify: object) -> None:
     if classify is not None and not callable(classify):
         raise TypeError(
             f"classify must be a callable (exception) -> LimitSignal, got {_name(classify)}"
+        )
+
+
+def check_keep_reservation(hook: object) -> None:
+    if hook is not None and not callable(hook):
+        raise TypeError(
+            "keep_reservation must be a callable (fn, reservation) -> bool, "
+            f"got {_name(hook)} {hook!r}"
         )
 
 

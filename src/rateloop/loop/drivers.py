@@ -1,14 +1,28 @@
 """The RATE loop drivers: :class:`RateLoop` (sync) and :class:`AsyncRateLoop` (asyncio).
 
-How it works: one generator, ``_BaseRateLoop._drive`` (in :mod:`rateloop.loop.flow`),
+How it works: one flow, ``_BaseRateLoop._drive`` (in :mod:`rateloop.loop.flow`),
 holds the whole algorithm of a call — admit, attempt, classify, decide, wait,
 fall back, settle, record.  It never does I/O itself.  Whenever it needs the
-outside world it *yields an effect* (``Admit``, ``Call``, ``Sleep``, ``LimiterCall``, ``Check``) and
-receives the result.  :class:`RateLoop` carries the effects out with blocking
-calls, :class:`AsyncRateLoop` with ``await``; that is the only difference
-between the twins (the pattern of httpx's ``auth_flow``).  The decisions
-themselves come from the sans-IO :func:`rateloop.timing.decide.decide`; the
-arguments are checked in :mod:`rateloop.loop.args`.
+outside world it *yields an effect* of the closed vocabulary of
+:mod:`rateloop.loop.effects` (``Reserve``, ``Book``, ``Release``, ``Settle``,
+``SettleUsage``, ``Observe``, ``Pause``, ``Call``, ``Sleep``, ``OutcomeCheck``) and
+receives the result.  :class:`RateLoop` performs each by its type with a
+blocking call, :class:`AsyncRateLoop` with ``await``; that is the only
+difference between the twins (the pattern of httpx's ``auth_flow`` and
+``_send_handling_auth``).  The decisions themselves come from the sans-IO
+:func:`rateloop.timing.decide.decide`; the arguments are checked in
+:mod:`rateloop.loop.args`.
+
+Customising the loop -- two public hooks, no subclassing:
+
+- ``keep_reservation=(fn, reservation) -> bool``: asked before the loop settles
+  the reservation of an attempt that succeeded.  Returning True takes the
+  reservation over: the hook's owner settles or releases it later (the httpx
+  transport hands it to a response stream, which settles it from the usage it
+  saw when it closes).
+- :meth:`RateLoop.like` / :meth:`RateLoop.replace`: a loop built like another,
+  with some arguments changed (another policy, classifier or hook); ``like``
+  also turns a blocking loop into its asyncio twin.
 """
 
 from __future__ import annotations
@@ -16,10 +30,24 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, Unpack, cast
+from typing import Any, ParamSpec, TypeVar, Unpack, assert_never, cast
 
 from rateloop.loop.args import CallOptions, CallSpec, Priority
-from rateloop.loop.effects import Admit, Call, Effect, LimiterCall, Raised, Returned, Sleep
+from rateloop.loop.effects import (
+    Book,
+    Call,
+    Effect,
+    Observe,
+    OutcomeCheck,
+    Pause,
+    Raised,
+    Release,
+    Reserve,
+    Returned,
+    Settle,
+    SettleUsage,
+    Sleep,
+)
 from rateloop.loop.flow import _BaseRateLoop
 from rateloop.loop.sdk_count import counting_requests
 from rateloop.outcome.record import Outcome
@@ -42,6 +70,21 @@ class RateLoop(_BaseRateLoop):
     >>> outcome = loop.call(lambda route: "hi", route=Route(provider="openai", model="gpt-5"))
     >>> outcome.status.value, outcome.value
     ('completed', 'hi')
+
+    Customise it through its public hooks, never by subclassing (docs/loop.md,
+    "Customising the loop"):
+
+    - ``keep_reservation=(fn, reservation) -> bool`` is asked, with the
+      attempt callable, before the reservation of an attempt that succeeded
+      is settled; True takes it over (its owner settles or releases it later,
+      as the httpx transport's response streams do).
+    - :meth:`like` / :meth:`replace` build a loop with this one's arguments
+      (:meth:`options`) and some changed; ``AsyncRateLoop.like(loop)`` is its
+      asyncio twin.
+
+    >>> strict = loop.replace(keep_reservation=lambda fn, reservation: False)
+    >>> strict.policy is loop.policy, type(strict).__name__
+    (True, 'RateLoop')
     """
 
     def call(
@@ -111,29 +154,44 @@ class RateLoop(_BaseRateLoop):
         return decorate
 
     def _perform(self, effect: Effect, fn: Callable[..., Any], spec: CallSpec) -> Any:
-        if isinstance(effect, Call):
-            with counting_requests() as sent:
-                try:
-                    value = fn(effect.route, **spec.fn_kwargs)
-                except Exception as exc:
-                    return Raised(exc, sent[0])
-            if inspect.isawaitable(value):
-                close = getattr(value, "close", None)
-                if close is not None:
-                    close()  # never leave a coroutine un-awaited behind the error
-                raise TypeError(
-                    "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
-                )
-            return Returned(value, sent[0])
-        if isinstance(effect, Sleep):
-            self.clock.sleep(effect.seconds)
-            return None
-        if isinstance(effect, Admit):
-            return self.limiter.try_reserve(effect.route, effect.cost, priority=effect.priority)
-        if isinstance(effect, LimiterCall):
-            return getattr(effect.target, effect.method)(*effect.args)
-        assert spec.outcome_check is not None
-        return spec.outcome_check(effect.route)
+        limiter = self.limiter
+        match effect:
+            case Call(route):
+                with counting_requests() as sent:
+                    try:
+                        value = fn(route, **spec.fn_kwargs)
+                    except Exception as exc:
+                        return Raised(exc, sent[0])
+                if inspect.isawaitable(value):
+                    close = getattr(value, "close", None)
+                    if close is not None:
+                        close()  # never leave a coroutine un-awaited behind the error
+                    raise TypeError(
+                        "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
+                    )
+                return Returned(value, sent[0])
+            case Sleep(seconds):
+                return self.clock.sleep(seconds)
+            case Reserve(route, cost, priority):
+                return limiter.try_reserve(route, cost, priority=priority)
+            case Book(route, cost, priority, within):
+                return limiter.try_book(route, cost, priority, within)
+            case Settle(reservation) | SettleUsage(reservation) if self._kept(fn, reservation):
+                return None
+            case Settle(reservation, input_tokens, output_tokens):
+                return reservation.settle(input_tokens, output_tokens)
+            case SettleUsage(reservation, usage):
+                return reservation.settle_usage(usage)
+            case Release(reservation):
+                return reservation.release()
+            case Observe(scope, signal):
+                return limiter.observe(scope, signal)
+            case Pause(scope, until, reason):
+                return limiter.pause(scope, until, reason)
+            case OutcomeCheck(route):
+                assert spec.outcome_check is not None
+                return spec.outcome_check(route)
+        assert_never(effect)
 
 
 # --- the async driver --------------------------------------------------------------
@@ -189,26 +247,37 @@ class AsyncRateLoop(_BaseRateLoop):
         return decorate
 
     async def _perform(self, effect: Effect, fn: Callable[..., Any], spec: CallSpec) -> Any:
-        if isinstance(effect, Call):
-            with counting_requests() as sent:
-                try:
-                    value = fn(effect.route, **spec.fn_kwargs)
-                    if inspect.isawaitable(value):
-                        value = await value
-                except Exception as exc:
-                    return Raised(exc, sent[0])
-            return Returned(value, sent[0])
-        if isinstance(effect, Sleep):
-            await self.clock.asleep(effect.seconds)
-            return None
-        if isinstance(effect, Admit):
-            return await self.limiter.atry_reserve(
-                effect.route, effect.cost, priority=effect.priority
-            )
-        if isinstance(effect, LimiterCall):
-            return await getattr(effect.target, "a" + effect.method)(*effect.args)
-        assert spec.outcome_check is not None
-        verdict = spec.outcome_check(effect.route)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        return verdict
+        limiter = self.limiter
+        match effect:
+            case Call(route):
+                with counting_requests() as sent:
+                    try:
+                        value = fn(route, **spec.fn_kwargs)
+                        if inspect.isawaitable(value):
+                            value = await value
+                    except Exception as exc:
+                        return Raised(exc, sent[0])
+                return Returned(value, sent[0])
+            case Sleep(seconds):
+                return await self.clock.asleep(seconds)
+            case Reserve(route, cost, priority):
+                return await limiter.atry_reserve(route, cost, priority=priority)
+            case Book(route, cost, priority, within):
+                return await limiter.atry_book(route, cost, priority, within)
+            case Settle(reservation) | SettleUsage(reservation) if self._kept(fn, reservation):
+                return None
+            case Settle(reservation, input_tokens, output_tokens):
+                return await reservation.asettle(input_tokens, output_tokens)
+            case SettleUsage(reservation, usage):
+                return await reservation.asettle_usage(usage)
+            case Release(reservation):
+                return await reservation.arelease()
+            case Observe(scope, signal):
+                return await limiter.aobserve(scope, signal)
+            case Pause(scope, until, reason):
+                return await limiter.apause(scope, until, reason)
+            case OutcomeCheck(route):
+                assert spec.outcome_check is not None
+                verdict = spec.outcome_check(route)
+                return await verdict if inspect.isawaitable(verdict) else verdict
+        assert_never(effect)

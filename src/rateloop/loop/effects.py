@@ -1,10 +1,30 @@
-"""The effects of the RATE loop: what its generator asks a driver to do, and what comes back.
+"""The effects of the RATE loop: what its flow asks a driver to do, and what comes back.
 
-The loop's algorithm (``rateloop.loop._BaseRateLoop._drive``) never does I/O:
-it yields one of these values and receives the result.  ``RateLoop``
-performs them with blocking calls, ``AsyncRateLoop`` with ``await``.  The
-helpers below read what an attempt's result says about SDK retries, token
-usage and pauses; they are shared by both drivers.
+The loop's flow (:mod:`rateloop.loop.flow`) never does I/O: it yields one of
+these values and receives the result.  The vocabulary is closed and typed
+(the drivers dispatch on the type, never on a method name):
+
+- :class:`Reserve` -- ``limiter.try_reserve(route, cost, priority=...)``: a
+  reservation, or a ``Denied``;
+- :class:`Book` -- ``Limiter.try_book(route, cost, priority, within)``: the same,
+  possibly for a start up to ``within`` seconds ahead;
+- :class:`Release` -- ``reservation.release()``;
+- :class:`Settle` -- ``reservation.settle(input_tokens, output_tokens)``;
+- :class:`SettleUsage` -- ``reservation.settle_usage(usage)``; before either
+  settle the driver asks the loop's ``keep_reservation`` hook, which may take
+  the reservation over instead;
+- :class:`Observe` -- ``limiter.observe(scope, signal)``;
+- :class:`Pause` -- ``limiter.pause(scope, until, reason)``;
+- :class:`Call` -- the attempt, ``fn(route, ...)``: :class:`Returned` or
+  :class:`Raised`;
+- :class:`Sleep` -- ``clock.sleep(seconds)``;
+- :class:`OutcomeCheck` -- the call's ``outcome_check(route)``: its verdict.
+
+Every other effect's result is None.  :class:`~rateloop.loop.RateLoop`
+performs them with blocking calls, :class:`~rateloop.loop.AsyncRateLoop`
+awaits the ``a``-prefixed twin of each.  The helpers below read what an
+attempt's result says about SDK retries, token usage and pauses; they are
+shared by both drivers.
 """
 
 from __future__ import annotations
@@ -19,13 +39,18 @@ from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
 
 __all__ = [
-    "Admit",
+    "Book",
     "Call",
-    "Check",
     "Effect",
-    "LimiterCall",
+    "Observe",
+    "OutcomeCheck",
+    "Pause",
     "Raised",
+    "Release",
+    "Reserve",
     "Returned",
+    "Settle",
+    "SettleUsage",
     "Sleep",
     "pause_until",
     "result_error",
@@ -35,14 +60,69 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class Admit:
+class Reserve:
+    """Ask the limiter for capacity now (``try_reserve``): the limiter contract's own call."""
+
     route: Route
     cost: Cost
     priority: str
 
 
 @dataclass(frozen=True, slots=True)
+class Book:
+    """Ask a :class:`~rateloop.admission.Limiter` for a start up to ``within`` seconds ahead."""
+
+    route: Route
+    cost: Cost
+    priority: str
+    within: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give a reservation back whole: a refusal, an interruption, a voided booking."""
+
+    reservation: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Settle a successful attempt's reservation with its tokens (the estimate)."""
+
+    reservation: Any
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SettleUsage:
+    """Settle a successful attempt's reservation with the usage its response reports."""
+
+    reservation: Any
+    usage: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Observe:
+    """Tell the limiter what the provider said about ``scope`` (headers, a throttle)."""
+
+    scope: str
+    signal: LimitSignal
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Hold ``scope`` for every worker until ``until``."""
+
+    scope: str
+    until: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Call:
+    """Run the attempt on ``route``."""
+
     route: Route
 
 
@@ -52,16 +132,9 @@ class Sleep:
 
 
 @dataclass(frozen=True, slots=True)
-class LimiterCall:
-    """Call ``method`` (sync) or ``a<method>`` (async) on ``target`` with ``args``."""
+class OutcomeCheck:
+    """Ask the call's ``outcome_check`` whether an ambiguous write took effect on ``route``."""
 
-    target: Any
-    method: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
     route: Route
 
 
@@ -77,7 +150,10 @@ class Raised:
     requests: int = 0
 
 
-Effect = Admit | Call | Sleep | LimiterCall | Check
+#: The closed vocabulary: a driver handles each of these and nothing else.
+Effect = (
+    Reserve | Book | Release | Settle | SettleUsage | Observe | Pause | Call | Sleep | OutcomeCheck
+)
 
 
 def pause_until(signal: LimitSignal, now: datetime) -> datetime | None:

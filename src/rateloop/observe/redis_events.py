@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from rateloop._redact import redact_url
+from rateloop.admission.backends.keys import events_key
 from rateloop.observe._metrics import Metric, MetricSink
 from rateloop.outcome.events import CapacityEvent
 
@@ -55,10 +56,6 @@ _WARN_EVERY = 60.0
 # The current call's token: the loop runs a call's hooks and events in one context
 # (one thread, or one asyncio task), so concurrent calls never see each other's.
 _CALL: ContextVar[str | None] = ContextVar("rateloop_event_call", default=None)
-
-
-def events_key(prefix: str) -> str:
-    return f"{prefix}events"
 
 
 class RedisEventSink(MetricSink):

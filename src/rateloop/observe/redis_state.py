@@ -1,15 +1,9 @@
 """Read the limiter's scope state straight from Redis, read-only.
 
-The Redis backend offers no read API, so this module reads its keys itself;
-it is the only place outside :mod:`rateloop.admission.redis_backend` that
-knows the key layout (documented there; a test holds :func:`key_of` equal to
-the backend's own key names).  For a scope ``S`` whose ``provider:model`` is
-``R``::
-
-    {prefix}{R}:s:{S}   hash: buckets, day counts, blocks, AIMD factor, the pause
-                        ('p' resume time, 'pr' reason)
-    {prefix}{R}:l:{S}   sorted set: concurrency leases scored by expiry
-    {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
+The Redis backend offers no read API, so this module reads its keys itself.
+The key layout has one owner, :mod:`rateloop.admission.backends.keys` (where
+it is documented), which both the backend and this reader name their keys
+with; ``KINDS``, ``key_of`` and ``scope_of_key`` are re-exported from it.
 
 The calls waiting on each scope come from the event stream ``{prefix}events``
 (:mod:`rateloop.observe.waiters`).  Only ``SCAN``, ``TIME``, ``HGETALL``,
@@ -23,42 +17,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from rateloop._redact import redact_url
+from rateloop.admission.backends.keys import (
+    KINDS,
+    LEARNED,
+    LEASES,
+    STATE,
+    events_key,
+    key_of,
+    scope_of_key,
+)
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.limiter import Limiter
+from rateloop.admission.known import KnownLimits
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError
-from rateloop.observe.redis_events import events_key
 from rateloop.observe.state import RawScope, Snapshot, _at, scope_state
 from rateloop.observe.waiters import waiters
 
 __all__ = ["KINDS", "RedisStateReader", "key_of", "scope_of_key"]
-
-#: The key kinds of one scope: state hash, lease set, learned limits.
-KINDS = ("s", "l", "k")
-
-
-def key_of(prefix: str, kind: str, scope: str) -> str:
-    """The Redis key of ``scope``'s ``kind``, as ``RedisBackend._key`` names it.
-
-    >>> key_of("rateloop:", "s", "openai:gpt-5:proj-1")
-    'rateloop:{openai:gpt-5}:s:openai:gpt-5:proj-1'
-    """
-    root = ":".join(scope.split(":", 2)[:2])
-    return f"{prefix}{{{root}}}:{kind}:{scope}"
-
-
-def scope_of_key(prefix: str, key: str) -> tuple[str, str] | None:
-    """``(kind, scope)`` of a key under ``prefix``, or None for another key."""
-    if not key.startswith(prefix + "{"):
-        return None
-    _, sep, rest = key[len(prefix) + 1 :].partition("}:")
-    kind, sep2, scope = rest.partition(":")
-    if not (sep and sep2) or kind not in KINDS or not scope:
-        return None
-    if key_of(prefix, kind, scope) != key:  # the hash tag must be the scope's own root
-        return None
-    return kind, scope
-
 
 class RedisStateReader:
     """Snapshots of every scope under one prefix of one Redis.
@@ -87,9 +62,11 @@ class RedisStateReader:
         self.prefix = prefix
         self.limits = dict(limits or {})
         self.aimd = aimd or AIMD()
-        # A limiter that is never used to admit: it resolves each scope's accounting
-        # profile exactly as the workers' limiters do.
-        self._profiles = Limiter(limits=self.limits)
+        # The limits as the workers' limiters know them: they resolve each scope's
+        # accounting profile exactly as those do.
+        self._profiles = KnownLimits(shared=False)
+        for scope, spec in self.limits.items():
+            self._profiles.set_limits(scope, spec)
         self._client: Any = redis.Redis.from_url(
             url,
             decode_responses=True,
@@ -166,9 +143,9 @@ class RedisStateReader:
         scopes = sorted(found)
         pipe = client.pipeline(transaction=False)
         for scope in scopes:
-            pipe.hgetall(key_of(self.prefix, "s", scope))
-            pipe.zcount(key_of(self.prefix, "l", scope), f"({now!r}", "+inf")
-            pipe.hgetall(key_of(self.prefix, "k", scope))
+            pipe.hgetall(key_of(self.prefix, STATE, scope))
+            pipe.zcount(key_of(self.prefix, LEASES, scope), f"({now!r}", "+inf")
+            pipe.hgetall(key_of(self.prefix, LEARNED, scope))
         replies = pipe.execute()
         states = []
         for i, scope in enumerate(scopes):

@@ -26,14 +26,8 @@ from typing import Any
 
 from rateloop.errors import ConfigError, PolicyWarning
 from rateloop.policy._layers import Layer
-from rateloop.policy._schema import (
-    Path,
-    check_layer,
-    cross_check,
-    default_leaves,
-    dotted,
-    parse_path,
-)
+from rateloop.policy._paths import Path, dotted, parse_path
+from rateloop.policy._schema import check_layer, cross_check, default_leaves
 
 __all__ = ["Merged", "PolicyWarning", "merge"]
 

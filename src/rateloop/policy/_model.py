@@ -21,14 +21,8 @@ from rateloop.errors import ConfigError
 from rateloop.policy._build import PolicyWarning, merge
 from rateloop.policy._checks import limit_bound_problems, scope_key_problem, shown
 from rateloop.policy._layers import Layer
-from rateloop.policy._schema import (
-    SCHEMA,
-    Invalid,
-    Path,
-    check_lock_path,
-    cross_check,
-    dotted,
-)
+from rateloop.policy._paths import Path, dotted
+from rateloop.policy._schema import SCHEMA, Invalid, check_lock_path, cross_check
 from rateloop.route import Route
 from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS
 from rateloop.timing.backoff import Backoff, Jitter, Strategy

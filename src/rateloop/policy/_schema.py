@@ -18,7 +18,6 @@ quoted: ``limits."openai:gpt-4.1".requests_per_minute``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from difflib import get_close_matches
@@ -32,6 +31,7 @@ from rateloop.policy._checks import (
     shown,
     url_problem,
 )
+from rateloop.policy._paths import Path, dotted, parse_path
 from rateloop.route import Route
 
 __all__ = [
@@ -47,10 +47,8 @@ __all__ = [
     "parse_path",
 ]
 
-Path = tuple[str, ...]
 LeafKind = Literal["int", "float", "bool", "str", "url", "choice", "strs", "routes"]
 
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 # Every number has an upper bound: a value past it is a typo, and an unbounded one
 # (2**1024) would load and then overflow at the first admission.
 _MAX_SECS = 86_400.0
@@ -217,47 +215,6 @@ _ROUTE_FIELDS: Mapping[str, Leaf] = {
     "input_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
     "output_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
 }
-
-
-def dotted(path: Path) -> str:
-    """``("limits", "openai:gpt-4.1", "burst")`` → ``limits."openai:gpt-4.1".burst``."""
-    text = ""
-    for part in path:
-        if part.startswith("[") and text:  # a list index: routes[0]
-            text += part
-            continue
-        text += ("." if text else "") + (part if _BARE.match(part) else f'"{part}"')
-    return text
-
-
-def parse_path(text: str) -> Path:
-    """The inverse of :func:`dotted`; raises ValueError on a malformed path."""
-    parts: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        if text[i] == '"':
-            end = text.find('"', i + 1)
-            if end < 0:
-                raise ValueError(f"unclosed quote in {text!r}")
-            parts.append(text[i + 1 : end])
-            i = end + 1
-        else:
-            end = text.find(".", i)
-            end = n if end < 0 else end
-            part = text[i:end].strip()
-            if not part:
-                raise ValueError(f"empty segment in {text!r}")
-            parts.append(part)
-            i = end
-        if i < n:
-            if text[i] != ".":
-                raise ValueError(f"expected '.' after a quoted segment in {text!r}")
-            i += 1
-            if i == n:
-                raise ValueError(f"trailing '.' in {text!r}")
-    if not parts:
-        raise ValueError("empty path")
-    return tuple(parts)
 
 
 def _hint(name: str, known: list[str]) -> str:

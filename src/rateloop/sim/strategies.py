@@ -40,7 +40,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from rateloop.admission import Limiter, LimitSpec
-from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.loop.drivers import AsyncRateLoop
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route

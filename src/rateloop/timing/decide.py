@@ -48,33 +48,56 @@ The rules, in order:
    ends before the deadline, the jitter is clamped into the room left (at
    most half of it, keeping the rest for the attempt); otherwise the call
    stops ``waiting_for_capacity``.
-"""
 
+Two more questions come from outside an attempt:
+
+8. Admission refused the call (:func:`decide_admission`): a cost that can
+   never fit is ``rejected``; a wait for capacity that fits the pause limit
+   and the time left is a :class:`Wait` of the limiter's ``retry_after`` (and
+   :data:`ARRIVAL_SLACK_SECS`); one that does not fit moves at once to the
+   next eligible route (as in rule 5), or stops ``waiting_for_capacity``
+   with ``retry_in``.  A start is booked at most :func:`book_within` ahead.
+9. A write whose effect is unknown (:func:`decide_write`): with no
+   ``outcome_check``, or a check that cannot tell, ``needs_operator``;
+   ``applied`` ends the call done; ``not applied`` allows one controlled
+   retry, and a second ambiguous failure is ``needs_operator``.
+
+``decide`` and the functions above only read the state; what the loop does
+with their answers is recorded by :mod:`rateloop.timing.state`, the one
+module that changes it.  They read the few settings of
+:class:`~rateloop.timing.state.LoopSettings`, not the whole policy.
+"""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from rateloop.outcome.record import Status
-from rateloop.policy import Policy
-from rateloop.route import Cost, Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing.backoff import Backoff, plan_wait
-from rateloop.timing.budget import CallBudget
-from rateloop.timing.fallback import check_route
+from rateloop.timing.decision import Decision, FallBack, Proceed, Stop, Wait
+from rateloop.timing.exits import completed, exhausted, stop_for
+from rateloop.timing.moves import fall_back_now, next_route
+from rateloop.timing.state import LoopSettings, LoopState
+from rateloop.timing.waits import wait_before
+from rateloop.timing.writes import WriteOutcome
 
 __all__ = [
+    "ARRIVAL_SLACK_SECS",
+    "BOOK_HORIZON_SECS",
     "DEFAULT_ATTEMPTS_PER_ROUTE",
     "TRIGGER_SCOPES",
+    "AdmissionRefusal",
     "Decision",
     "FallBack",
+    "LoopSettings",
     "LoopState",
     "Proceed",
     "Stop",
     "Wait",
+    "book_within",
     "decide",
+    "decide_admission",
+    "decide_write",
     "default_attempts_per_route",
     "fall_back_now",
     "in_trigger_scope",
@@ -87,95 +110,35 @@ TRIGGER_SCOPES: dict[str, frozenset[Kind]] = {
     "all": frozenset(set(Kind) - {Kind.OK, Kind.PERIOD_QUOTA, Kind.SPEND}),
 }
 
-Skips = tuple[tuple[Route, str], ...]
-
 #: Attempts per route when a chain has fallbacks and ``attempts_per_route`` is
 #: unset: one try and 4 retries, crab'd's default of 4 retries per model.
 DEFAULT_ATTEMPTS_PER_ROUTE = 5
 
-# How the outcome of a degraded call names what happened to the primary.
-_LIMITED_AS: dict[Kind | None, str] = {
-    Kind.TEMPORARY: "was rate-limited",
-    Kind.OVERLOAD: "was overloaded",
-    Kind.PERIOD_QUOTA: "ran out of its period quota",
-    Kind.SPEND: "hit a spend limit",
-    Kind.SERVER_ERROR: "failed with a server error",
-    Kind.NETWORK: "was unreachable",
-}
+#: How far ahead the loop books a start (the limiter's ``book_within``).  A booked call
+#: sleeps until its start; a refusal meanwhile that voids it (``Reservation.stale``) has
+#: it admitted again then.  The horizon keeps bookings to a few seconds of pacing; a
+#: longer admission wait is served by polling ``try_reserve``.
+BOOK_HORIZON_SECS = 5.0
+#: A booked start, or a wait for capacity, is reached this much late.  The limiter's
+#: model of a provider's bucket frees a unit on the exact instant the provider's does;
+#: arriving on that instant leaves the provider a rounding error from refusing (its
+#: refill runs on another clock), and a refused request still spends its slot there, so
+#: every later start of the schedule would be refused too.  A millisecond later the
+#: provider has surely refilled; the schedule itself does not move.
+ARRIVAL_SLACK_SECS = 0.001
 
 
-@dataclass(frozen=True, slots=True)
-class Proceed:
-    """Attempt now on ``route``."""
-
-    route: Route
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    """Wait ``seconds``, then retry ``route`` (the same route)."""
-
-    seconds: float
-    reason: str
-    route: Route
-
-
-@dataclass(frozen=True, slots=True)
-class FallBack:
-    """Wait ``wait`` seconds, then move to ``route`` (chain position ``index``)."""
-
-    route: Route
-    wait: float
-    reason: str
-    index: int
-    skipped: Skips = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """End the call.  ``retry_at`` / ``retry_in`` say when it may be worth trying again."""
-
-    status: Status
-    reason: str
-    retry_at: datetime | None = None
-    retry_in: float | None = None
-    skipped: Skips = ()
-
-
-Decision = Proceed | Wait | FallBack | Stop
-
-
-@dataclass(slots=True, kw_only=True)
-class LoopState:
-    """Everything the decider needs to know about one call in flight.
-
-    ``epoch`` pairs a monotonic reading with the wall-clock time at that
-    reading, so the decider can turn monotonic instants into datetimes without
-    reading a clock.
-    """
-
-    chain: tuple[Route, ...]
-    budget: CallBudget
-    backoff: Backoff
-    epoch: tuple[float, datetime]
-    cost: Cost = field(default_factory=Cost)
-    data_class: str | None = None
-    index: int = 0
-    route_attempts: int = 0
-    waits: int = 0
-    previous_wait: float | None = None
-    limited_route: Route | None = None
-    limited_kind: Kind | None = None
-    spent_providers: set[str] = field(default_factory=set)
+class AdmissionRefusal(Protocol):
+    """What rule 8 reads of a limiter's refusal (``rateloop.admission.Denied`` has it)."""
 
     @property
-    def route(self) -> Route:
-        return self.chain[self.index]
-
-    def wall(self, now: float) -> datetime:
-        mono0, wall0 = self.epoch
-        return wall0 + timedelta(seconds=now - mono0)
+    def retry_after(self) -> float: ...
+    @property
+    def never_fits(self) -> bool: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
 
 
 def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
@@ -187,11 +150,15 @@ def in_trigger_scope(kind: Kind, trigger_scope: str) -> bool:
         raise ValueError(f"unknown trigger_scope {trigger_scope!r} (allowed: {allowed})") from None
 
 
-def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: float) -> Decision:
-    """What to do after an attempt on ``state.route`` returned ``signal``.
+def decide(
+    state: LoopState, signal: LimitSignal | None, policy: LoopSettings, now: float
+) -> Decision:
+    """What to do after an attempt on ``state.route`` returned ``signal`` (rules 0-7).
 
     With ``signal`` None (no attempt yet on this step) the answer is
-    :class:`Proceed` while the attempt budget lasts.
+    :class:`Proceed` while the attempt budget lasts.  ``policy`` is anything
+    with the :class:`LoopSettings` fields, a :class:`~rateloop.policy.Policy`
+    for one.
     """
     route = state.route
     if signal is None:
@@ -211,19 +178,12 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
         )
     kind = signal.kind
     if kind is Kind.OK:
-        if state.index == 0:
-            return Stop(Status.COMPLETED, f"completed on {route.scope}")
-        limited = state.limited_route or state.chain[0]
-        what = _LIMITED_AS.get(state.limited_kind, "was refused")
-        return Stop(
-            Status.DEGRADED,
-            f"Primary model {limited.model} {what} — completed with {route.model}",
-        )
+        return completed(state)
 
     if kind in (Kind.PERIOD_QUOTA, Kind.SPEND):
         exclude = {route.provider, *state.spent_providers}
         if policy.trigger_scope != "rate-limit" and state.budget.can_attempt():
-            found = _next_route(state, policy, exclude_providers=exclude)
+            found = next_route(state, policy, exclude_providers=exclude)
             if isinstance(found, FallBack):
                 # The other provider has refused nothing: no backoff before it.
                 reason = (
@@ -234,10 +194,10 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
             skipped = found
         else:
             skipped = ()
-        return _stop_for(state, signal, now, skipped=skipped)
+        return stop_for(state, signal, now, skipped=skipped)
 
     if not in_trigger_scope(kind, policy.trigger_scope):
-        return _stop_for(state, signal, now)
+        return stop_for(state, signal, now)
 
     if not state.budget.can_retry(kind):
         budget = state.budget
@@ -250,18 +210,18 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
             why = f"all {budget.attempts - budget.error_attempts} attempts used" if (
                 budget.separate
             ) else f"all {budget.attempts} attempts used"
-        return _exhausted(state, signal, why)
+        return exhausted(state, signal, why)
 
     per_route = policy.attempts_per_route
     explicit = per_route is not None
     if not explicit and state.index < len(state.chain) - 1:
         per_route = default_attempts_per_route(policy.max_attempts, len(state.chain))
     if per_route is not None and state.route_attempts >= per_route:
-        found = _next_route(state, policy, exclude_providers=state.spent_providers)
+        found = next_route(state, policy, exclude_providers=state.spent_providers)
         if isinstance(found, FallBack):
             return _fit_fallback(state, policy, now, found, signal)
         if explicit:
-            return _exhausted(
+            return exhausted(
                 state,
                 signal,
                 f"every route of the chain was tried ({len(state.chain)} routes)",
@@ -269,7 +229,8 @@ def decide(state: LoopState, signal: LimitSignal | None, policy: Policy, now: fl
             )
         # The default bound only moves a call on; with nowhere to go it keeps retrying here.
 
-    step = _wait_same_route(state, signal, policy, now)
+    minimum = signal.retry_after if signal.retry_after else None
+    step = wait_before(state, signal, policy.pause_limit_secs, now, state.route, minimum)
     if not (isinstance(step, Stop) and step.status is Status.WAITING_FOR_CAPACITY):
         return step
     # This route's own wait cannot fit: a healthy fallback may still serve the call now.
@@ -294,31 +255,11 @@ def default_attempts_per_route(max_attempts: int, routes: int) -> int:
     return max(1, min(DEFAULT_ATTEMPTS_PER_ROUTE, math.ceil(max_attempts / routes)))
 
 
-def fall_back_now(state: LoopState, policy: Policy, why: str) -> FallBack | Skips:
-    """The next eligible route to move to at once (no wait) because ``why``, or the skips.
-
-    Used when the current route's own wait cannot fit (rule 5), for a server
-    minimum and for an admission wait alike.
-    """
-    found = _next_route(state, policy, exclude_providers=state.spent_providers)
-    if not isinstance(found, FallBack):
-        return found
-    reason = f"{why}; falling back to {found.route.scope} at once"
-    return FallBack(found.route, 0.0, reason, found.index, found.skipped)
-
-
-def _wait_same_route(
-    state: LoopState, signal: LimitSignal, policy: Policy, now: float
-) -> Wait | Stop:
-    minimum = signal.retry_after if signal.retry_after else None
-    return _wait_before(state, signal, policy, now, state.route, minimum)
-
-
 def _fit_fallback(
-    state: LoopState, policy: Policy, now: float, found: FallBack, signal: LimitSignal
+    state: LoopState, policy: LoopSettings, now: float, found: FallBack, signal: LimitSignal
 ) -> FallBack | Stop:
     # A server's minimum belongs to the scope that sent it: between routes, the backoff.
-    step = _wait_before(state, signal, policy, now, found.route, None)
+    step = wait_before(state, signal, policy.pause_limit_secs, now, found.route, None)
     if isinstance(step, Stop):
         return Stop(
             step.status,
@@ -331,148 +272,71 @@ def _fit_fallback(
     return FallBack(found.route, step.seconds, reason, found.index, found.skipped)
 
 
-def _wait_before(
-    state: LoopState,
-    signal: LimitSignal,
-    policy: Policy,
-    now: float,
-    route: Route,
-    minimum: float | None,
-) -> Wait | Stop:
-    """The wait before the next attempt on ``route``, or why there is none.
+# --- rule 8: admission ----------------------------------------------------------------
 
-    Rules 5-7 of the module: a server minimum that does not fit stops;
-    our own backoff is capped at the pause limit and the budget left; the
-    jitter is clamped to end before the deadline when the floor fits.
+
+def book_within(state: LoopState, settings: LoopSettings, now: float) -> float:
+    """How far ahead a start may be booked: the time left, the pause limit, the horizon."""
+    left = state.budget.time_left(now)
+    limit = settings.pause_limit_secs
+    afford = limit if left is None else left
+    return max(0.0, min(afford, limit, BOOK_HORIZON_SECS))
+
+
+def decide_admission(
+    state: LoopState, refusal: AdmissionRefusal, settings: LoopSettings, now: float
+) -> Wait | FallBack | Stop:
+    """What to do when admission refused the call on ``state.route`` (rule 8).
+
+    The refusal is already recorded (:func:`~rateloop.timing.state.record_refusal`),
+    so the recovery clock runs.  A :class:`Wait` here is an admission wait,
+    not a retry: the loop does not :func:`~rateloop.timing.state.take` it.
     """
-    own_left = _own_budget_left(state.budget, now)
-    limit = policy.pause_limit_secs
-    n = state.waits + 1
-    plan = plan_wait(
-        state.backoff,
-        n,
-        server_minimum=minimum,
-        pause_limit=limit,
-        time_left=own_left,
-        previous=state.previous_wait,
-    )
-    if plan.fits:
-        wait = plan.seconds
-        source = f"server asked for {minimum:g}s" if minimum else "backoff"
-    elif minimum is not None:
-        return Stop(
-            Status.WAITING_FOR_CAPACITY,
-            plan.reason or f"the server's wait of {minimum:g}s does not fit",
-            retry_at=_later(signal.reset_at, state.wall(now + minimum)),
+    route = state.route
+    if refusal.never_fits:
+        return Stop(Status.REJECTED, f"admission refused on {route.scope}: {refusal.reason}")
+    retry_after = refusal.retry_after
+    left = state.budget.time_left(now)
+    if retry_after > settings.pause_limit_secs or (left is not None and retry_after >= left):
+        why = (
+            f"no capacity on {route.scope} before the deadline, the budget "
+            f"or the pause limit ({refusal.reason})"
         )
-    elif own_left is not None and own_left <= 0:
-        return _exhausted(state, signal, "the time budget is spent")
-    else:
-        # Our own backoff is a guess: cap it at the pause limit and the budget left.
-        wait = min(limit, own_left) if own_left is not None else limit
-        source = f"backoff capped at {wait:g}s (pause limit {limit:g}s, budget left)"
-    deadline = state.budget.deadline
-    if deadline is not None and now + wait >= deadline:
-        room = deadline - now
-        floor = min(minimum if minimum else state.backoff.bounds(n)[0], wait)
-        if floor < room:
-            # The floor fits before the deadline: clamp only the jitter, never the floor.
-            wait = floor + min(wait - floor, (room - floor) / 2)
-            source += f", jitter clamped to end before the deadline ({wait:g}s)"
-        else:
-            return Stop(
-                Status.WAITING_FOR_CAPACITY,
-                f"a wait of {wait:g}s on {route.scope} would end after the deadline",
-                # With a server minimum, that is when capacity returns; the jitter is ours.
-                retry_at=(
-                    _later(signal.reset_at, state.wall(now + minimum))
-                    if minimum
-                    else state.wall(now + wait)
-                ),
-            )
-    return Wait(wait, f"{signal.kind.value} on {state.route.scope}; {source}", route)
-
-
-def _own_budget_left(budget: CallBudget, now: float) -> float | None:
-    """Seconds left in the loop's own time budgets (not the caller's deadline)."""
-    bounds: list[float] = []
-    if budget.first_refusal_at is not None:
-        bounds.append(budget.recovery_budget_secs - (now - budget.first_refusal_at))
-    if budget.max_wait_secs is not None:
-        bounds.append(budget.max_wait_secs - (now - budget.started_at))
-    return min(bounds) if bounds else None
-
-
-def _later(a: datetime | None, b: datetime) -> datetime:
-    return b if a is None or a < b else a
-
-
-def _next_route(
-    state: LoopState, policy: Policy, *, exclude_providers: Collection[str]
-) -> FallBack | Skips:
-    """The next eligible route after the current one, or the skips that left none."""
-    fb = policy.fallback
-    skipped: list[tuple[Route, str]] = []
-    for index in range(state.index + 1, len(state.chain)):
-        candidate = state.chain[index]
-        why = check_route(
-            candidate,
-            cost=state.cost,
-            allowed_providers=fb.allowed_providers,
-            data_class=state.data_class if state.data_class is not None else fb.data_class,
-            max_cost_usd=fb.max_cost_usd,
-            exclude_providers=exclude_providers,
-        )
-        if why is None:
-            return FallBack(candidate, 0.0, "", index, tuple(skipped))
-        skipped.append((candidate, why))
-    return tuple(skipped)
-
-
-def _exhausted(state: LoopState, signal: LimitSignal, why: str, *, skipped: Skips = ()) -> Stop:
-    return Stop(
-        Status.FAILED_RETRY_EXHAUSTED,
-        f"{signal.kind.value} persisted on {state.route.scope}: {why}",
-        skipped=skipped,
+        # Like a server minimum that cannot fit: a fallback may serve now.
+        moved = fall_back_now(state, settings, why)
+        if isinstance(moved, FallBack):
+            return moved
+        return Stop(Status.WAITING_FOR_CAPACITY, why, retry_in=retry_after, skipped=moved)
+    return Wait(
+        retry_after + ARRIVAL_SLACK_SECS, f"waiting for capacity on {refusal.scope}", route
     )
 
 
-def _stop_for(state: LoopState, signal: LimitSignal, now: float, *, skipped: Skips = ()) -> Stop:
-    """The terminal status for a signal the loop will not retry."""
-    kind = signal.kind
-    scope = state.route.scope
-    if kind is Kind.PERIOD_QUOTA:
-        retry_at = signal.reset_at
-        if retry_at is None and signal.retry_after is not None:
-            retry_at = state.wall(now) + timedelta(seconds=signal.retry_after)
-        estimate = ""
-        if retry_at is None:
-            retry_at = _next_utc_midnight(state.wall(now))
-            estimate = " (an estimate: the provider gave no reset time)"
-        return Stop(
-            Status.WAITING_FOR_RESET,
-            f"period quota exhausted on {scope}; resets at {retry_at.isoformat()}{estimate}",
-            retry_at=retry_at,
-            skipped=skipped,
-        )
-    if kind is Kind.SPEND:
+# --- rule 9: writes -------------------------------------------------------------------
+
+
+def decide_write(state: LoopState, verdict: WriteOutcome | None) -> Stop | None:
+    """After a write failed ambiguously: stop, or None for the one controlled retry (rule 9).
+
+    ``verdict`` is what ``outcome_check`` said, None when the call has none.
+    The loop records a None answer with
+    :func:`~rateloop.timing.state.use_controlled_retry`.
+    """
+    if verdict is None:
         return Stop(
             Status.NEEDS_OPERATOR,
-            f"spend or billing limit on {scope}: add credit or raise the cap",
-            skipped=skipped,
+            "unknown_outcome: the write may have taken effect and there is no outcome_check",
         )
-    if kind is Kind.PERMISSION:
+    if verdict is WriteOutcome.APPLIED:
+        status = Status.COMPLETED if state.index == 0 else Status.DEGRADED
+        return Stop(status, "the write took effect (confirmed by outcome_check)")
+    if verdict is WriteOutcome.UNKNOWN:
         return Stop(
-            Status.NEEDS_OPERATOR, f"permission refused on {scope} (status {signal.status})"
+            Status.NEEDS_OPERATOR,
+            "unknown_outcome: outcome_check could not tell whether the write took effect",
         )
-    if kind is Kind.INVALID:
-        return Stop(Status.INVALID, f"the request was refused as invalid (status {signal.status})")
-    return Stop(
-        Status.FAILED_RETRY_EXHAUSTED,
-        f"{kind.value} on {scope} is outside trigger_scope; not retried",
-    )
-
-
-def _next_utc_midnight(at: datetime) -> datetime:
-    at = at.astimezone(UTC)
-    return datetime(at.year, at.month, at.day, tzinfo=UTC) + timedelta(days=1)
+    if state.controlled_retry_used:
+        return Stop(
+            Status.NEEDS_OPERATOR, "unknown_outcome: the controlled retry failed ambiguously too"
+        )
+    return None

@@ -1,6 +1,6 @@
 -- Settle a reservation: change bucket levels by the deltas, release the lease.
 --
--- A template like admit.lua: rateloop/admission/_admit_script.py makes one script per
+-- A template like admit.lua: rateloop/admission/backends/scripts.py makes one script per
 -- settle shape (which buckets of which scopes, whether they follow the AIMD factor,
 -- which lease sets hold its lease), reading and writing each scope's hash once.  `$j` is
 -- an adjustment's number, `$s` its scope's index, `$a` its first argument, `$F` its

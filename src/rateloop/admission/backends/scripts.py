@@ -1,6 +1,11 @@
-"""The admission script of one plan shape, generated from the sections of ``admit.lua``.
+"""The Lua scripts of the Redis backend: the fixed ones, and those generated per plan shape.
 
-How it works.  A generic script that parses a plan on every call spends
+``pause.lua``, ``observe.lua`` and ``learned.lua`` are used as shipped
+(:func:`script_text`, each prefixed with ``_common.lua``); every script is
+sent as a :class:`Script` (its SHA-1 and text).  The ``*.lua`` files are
+package data of this package (``rateloop.admission.backends``).
+
+How it works (admitting and settling).  A generic script that parses a plan on every call spends
 most of its time in the Lua interpreter (splitting words, building tables,
 looping), not in Redis.  So each plan *shape* -- the number of scopes, each
 check's scope, field, kind and whether it follows the AIMD factor, and
@@ -22,23 +27,47 @@ own scope's set, and a settle removes the lease from every set.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from importlib import resources
 from string import Template
+from typing import NamedTuple
 
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
 from rateloop.admission.plan import AdmitPlan, CheckKind
 
 __all__ = [
+    "Script",
     "SettleShape",
     "Shape",
     "admit_script",
     "argument_count",
     "lease_scopes",
+    "script_text",
     "settle_script",
     "shape_of",
 ]
+
+_PACKAGE = "rateloop.admission.backends"  # where the *.lua files ship
+
+
+class Script(NamedTuple):
+    """A script's SHA-1 (as sent with EVALSHA) and its text (sent once, if the server lacks it)."""
+
+    sha: str
+    text: str
+
+    @classmethod
+    def of(cls, text: str) -> Script:
+        return cls(hashlib.sha1(text.encode()).hexdigest(), text)
+
+
+def script_text(name: str) -> str:
+    """The text of the shipped script ``{name}.lua``, ``_common.lua`` first."""
+    return _common() + "\n" + resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(
+        encoding="utf-8"
+    )
 
 #: (number of scopes, the scope index (from 1) of each lease set in KEYS order,
 #: per check (scope index from 1, field, kind, scaled)).
@@ -64,7 +93,7 @@ def argument_count(shape: Shape) -> int:
 
 @cache
 def _sections(name: str = "admit") -> dict[str, Template]:
-    package = resources.files("rateloop.admission")
+    package = resources.files(_PACKAGE)
     text = package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     parts = re.split(r"^--@(\w+)\n", text, flags=re.MULTILINE)
     return {name: Template(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)}
@@ -72,7 +101,7 @@ def _sections(name: str = "admit") -> dict[str, Template]:
 
 @cache
 def _common() -> str:
-    package = resources.files("rateloop.admission")
+    package = resources.files(_PACKAGE)
     return package.joinpath("_common.lua").read_text(encoding="utf-8")
 
 

@@ -1,14 +1,19 @@
 """How the limiter's flows reach a backend: one step at a time, with the local fallback.
 
 How it works.  The limiter's public methods are generators (*flows*, in
-``limiter.py``) that yield steps -- :class:`_Do` "run this operation on the
-backend" or :class:`_Sleep` "sleep this long" -- and receive their results.
-:class:`BackendDriver` performs them: :meth:`BackendDriver._drive` with blocking
-calls, :meth:`BackendDriver._adrive` with awaits, so the algorithm is written
-once.  When the shared backend is unreachable and ``on_unreachable="local"``,
-an operation runs on a per-process memory backend holding ``local_share`` of
-every limit (the ``_scaled_*`` functions) until :data:`LOCAL_RETRY_SECONDS`
-have passed; a settle always goes to the backend that granted.
+``admit.py`` and ``feedback.py``) that yield steps -- :class:`Do` "run this
+operation on the backend" or :class:`Sleep` "sleep this long" -- and receive
+their results.  :class:`BackendRunner` performs them: :meth:`BackendRunner.run`
+with blocking calls, :meth:`BackendRunner.arun` with awaits, so the algorithm
+is written once.  When the shared backend is unreachable and
+``on_unreachable="local"``, an operation runs on a per-process memory backend
+holding ``local_share`` of every limit (the ``_scaled_*`` functions) until
+:data:`LOCAL_RETRY_SECONDS` have passed; a settle always goes to the backend
+that granted.  What the backends say of refusals is kept in :class:`Refusals`,
+which the flows and the reservations read.
+
+The runner depends on the backends and :class:`Refusals` only: it knows
+nothing of limits, plans or reservations.
 """
 
 from __future__ import annotations
@@ -20,37 +25,48 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
-from rateloop.admission.backend import Backend, BackendUnreachable
-from rateloop.admission.memory import MemoryBackend
+from rateloop.admission.backends.memory import MemoryBackend
+from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.plan import AdmitOp, AdmitPlan, Check, CheckKind, ObserveOp, SettleOp
 
-__all__ = ["LOCAL_RETRY_SECONDS", "BackendDriver"]
+__all__ = [
+    "LOCAL_RETRY_SECONDS",
+    "NEVER",
+    "BackendRunner",
+    "Do",
+    "Done",
+    "Flow",
+    "Refusals",
+    "Sleep",
+]
 
 #: After the shared backend was unreachable, stay local this long before retrying it.
 LOCAL_RETRY_SECONDS = 5.0
 
 T = TypeVar("T")
 
-_NEVER = -math.inf  # ``_local_until`` of a limiter that never fell back
+#: ``-inf``: no refusal known; the ``_local_until`` of a runner that never fell back.
+NEVER = -math.inf
+_NEVER = NEVER
 
 
 @dataclass(frozen=True, slots=True)
-class _Do:
+class Do:
     op: object
     local: bool = False
     deadline: float | None = None  # the caller's, on the monotonic clock
 
 
 @dataclass(frozen=True, slots=True)
-class _Sleep:
+class Sleep:
     seconds: float
 
 
-_Step = _Do | _Sleep
+_Step = Do | Sleep
 #: (result, the op actually run, ran locally).  ``Any``: the result's type is the
 #: op's (an AdmitResult for an AdmitOp, ...); typed where it is read, not cast at run time.
-_Done = tuple[Any, Any, bool]
-_Flow = Generator[_Step, Any, T]
+Done = tuple[Any, Any, bool]
+Flow = Generator[_Step, Any, T]
 
 
 def _scaled_check(check: Check, share: float) -> Check:
@@ -101,7 +117,37 @@ def _scaled_op(op: object, share: float) -> object:
     return op  # settle ops of local reservations already hold scaled checks
 
 
-class BackendDriver:
+class Refusals:
+    """Per scope, until when a refusal this process knows of left the provider with nothing.
+
+    In the backend's time: this process's own refusals (a 429 observed, a
+    pause) and other processes' as the shared backend reports them with each
+    admission and settle.  One table for the shared backend, one for the
+    local fallback (their clocks differ).  Only ever raised.
+    """
+
+    __slots__ = ("_local", "_shared")
+
+    def __init__(self) -> None:
+        self._shared: dict[str, float] = {}
+        self._local: dict[str, float] = {}
+
+    def note(self, scopes: tuple[str, ...], until: float, local: bool) -> None:
+        """The backend says a refusal in one of ``scopes`` left nothing before ``until``."""
+        known = self._local if local else self._shared
+        for scope in scopes:
+            if known.get(scope, _NEVER) < until:
+                known[scope] = until
+
+    def before(self, scopes: tuple[str, ...], start: float, local: bool) -> bool:
+        """Did a refusal in one of ``scopes`` leave nothing at the backend time ``start``?"""
+        known = self._local if local else self._shared
+        if not known:
+            return False
+        return any(known.get(scope, _NEVER) > start for scope in scopes)
+
+
+class BackendRunner:
     """Runs flows on the shared backend, or on the local fallback while it is unreachable."""
 
     def __init__(
@@ -129,27 +175,25 @@ class BackendDriver:
         self._local: MemoryBackend | None = None
         self._local_until = _NEVER
         self._lock = threading.Lock()
-        # Per scope, until when a refusal (a 429 observed, a pause) this process knows of
-        # said the provider has nothing, in the backend's time: its own, and other
-        # processes' as the shared backend reports them with each admission and settle.
-        # One dict for the shared backend, one for the local fallback (their clocks
-        # differ).  Only ever raised.
-        self._refused: dict[str, float] = {}
-        self._refused_local: dict[str, float] = {}
+        self.refusals = Refusals()
 
-    def _note_refused(self, scopes: tuple[str, ...], until: float, local: bool) -> None:
-        """The backend says a refusal in one of ``scopes`` left nothing before ``until``."""
-        known = self._refused_local if local else self._refused
-        for scope in scopes:
-            if known.get(scope, _NEVER) < until:
-                known[scope] = until
+    @property
+    def backend(self) -> Backend:
+        """The shared backend."""
+        return self._backend
 
-    def _refused_before(self, scopes: tuple[str, ...], start: float, local: bool) -> bool:
-        """Did a refusal in one of ``scopes`` leave nothing at the backend time ``start``?"""
-        known = self._refused_local if local else self._refused
-        if not known:
-            return False
-        return any(known.get(scope, _NEVER) > start for scope in scopes)
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def on_unreachable(self) -> Literal["fail_closed", "local"]:
+        return self._on_unreachable
+
+    @property
+    def local(self) -> MemoryBackend | None:
+        """The local fallback's backend, once the shared one was unreachable (else None)."""
+        return self._local
 
     def _local_backend(self) -> MemoryBackend:
         with self._lock:
@@ -189,7 +233,7 @@ class BackendDriver:
         """The shared backend answered after a fallback: back to it, the fast path again."""
         self._local_until = _NEVER
 
-    def _execute(self, op: object, local: bool = False, deadline: float | None = None) -> _Done:
+    def execute(self, op: object, local: bool = False, deadline: float | None = None) -> Done:
         # The first test is the common case: never fallen back, no clock read.
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
@@ -209,9 +253,9 @@ class BackendDriver:
         scaled = _scaled_op(op, self._local_share)
         return self._local_backend().execute(scaled), scaled, True
 
-    async def _aexecute(
+    async def aexecute(
         self, op: object, local: bool = False, deadline: float | None = None
-    ) -> _Done:
+    ) -> Done:
         if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
             try:
                 if deadline is None:
@@ -230,31 +274,31 @@ class BackendDriver:
         scaled = _scaled_op(op, self._local_share)
         return await self._local_backend().aexecute(scaled), scaled, True
 
-    def _drive(self, flow: _Flow[T]) -> T:
+    def run(self, flow: Flow[T]) -> T:
         try:
             step = next(flow)
             while True:
-                if isinstance(step, _Sleep):
+                if isinstance(step, Sleep):
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(self._execute(step.op, step.local, step.deadline))
+                    step = flow.send(self.execute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 
-    async def _adrive(self, flow: _Flow[T]) -> T:
+    async def arun(self, flow: Flow[T]) -> T:
         try:
             step = next(flow)
             while True:
-                if isinstance(step, _Sleep):
+                if isinstance(step, Sleep):
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(await self._aexecute(step.op, step.local, step.deadline))
+                    step = flow.send(await self.aexecute(step.op, step.local, step.deadline))
         except StopIteration as stop:
             return cast(T, stop.value)
 
-    def _run_settle(self, op: SettleOp, *, local: bool) -> float | None:
+    def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.
 
         A reservation the shared backend granted is settled there even while
@@ -266,17 +310,17 @@ class BackendDriver:
         A settle is one step with nothing to decide around it, so it runs
         without a flow (as ``try_reserve`` does).
         """
-        return self._settled(self._execute(op, local))
+        return self.settled(self.execute(op, local))
 
-    async def _arun_settle(self, op: SettleOp, *, local: bool) -> float | None:
-        return self._settled(await self._aexecute(op, local))
+    async def asettle(self, op: SettleOp, *, local: bool) -> float | None:
+        return self.settled(await self.aexecute(op, local))
 
-    def _settled(self, done: _Done) -> float | None:
+    def settled(self, done: Done) -> float | None:
         """A settle's answer ``(now, refused_until)``: note it, return the time."""
         result, op, local = done
         if result is None:
             return None
         now, refused = result
         if refused > _NEVER:
-            self._note_refused(tuple(c.scope for c in op.checks), refused, local)
+            self.refusals.note(tuple(c.scope for c in op.checks), refused, local)
         return float(now)

@@ -1,6 +1,6 @@
 -- Admit every check at once, or none.  One call = one admission.
 --
--- This file is a template: rateloop/admission/_admit_script.py stitches its sections
+-- This file is a template: rateloop/admission/backends/scripts.py stitches its sections
 -- (`--@name` lines) into one script per plan *shape* -- which scopes, which checks of
 -- which kind on which field, which buckets follow the AIMD factor -- so the script runs
 -- straight-line code with field names inlined: no plan to parse, no tables to build.

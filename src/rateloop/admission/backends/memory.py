@@ -4,7 +4,7 @@ Safe across threads and asyncio tasks of one process: every operation runs
 start to finish under a :class:`threading.Lock` and never awaits, so it is as
 atomic as the Redis script.  Buckets, pauses and leases use the injected
 clock's monotonic time; fixed day windows use its wall time (UTC), because a
-day resets at a time of day.
+day resets at a time of day.  Importing this module registers ``memory://``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rateloop._clock import Clock, system_clock
+from rateloop.admission.backends.protocol import Backend
+from rateloop.admission.backends.registry import register_backend
 from rateloop.admission.gcra import (
     AIMD,
     LEASE_POLL_SECONDS,
@@ -387,3 +389,12 @@ class MemoryBackend:
         if op.refused and refused_until > state.refused_until:
             state.refused_until = refused_until
         return state.factor_at(now, op.aimd), state.refused_until
+
+
+def _memory(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
+    if options:
+        raise TypeError(f"memory:// takes no options, got {sorted(options)}")
+    return MemoryBackend(clock)
+
+
+register_backend("memory", _memory)
