@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import grimp
 
-#: Cycles tolerated until the fix in flight lands, each as the set of modules
-#: of its knot.  The lead empties this set after merging the admission work.
-KNOWN: set[frozenset[str]] = {
-    # until the admission engineer's fix for the admission import circles lands
-    frozenset({"rateloop.admission.backend", "rateloop.admission.redis_backend"}),
-    # until the admission engineer's fix for the admission import circles lands
-    frozenset({"rateloop.admission.limiter", "rateloop.admission.reservation"}),
-}
+#: Cycles tolerated until a fix in flight lands, each as the set of modules of
+#: its knot, with a comment naming the fix.  Empty: the admission circles
+#: (backend/redis_backend, limiter/reservation) were fixed on main.
+KNOWN: set[frozenset[str]] = set()
 
 
 def _graph() -> dict[str, list[str]]:

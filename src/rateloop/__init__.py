@@ -5,7 +5,7 @@ server asked, within budgets), Exit (an explicit outcome for every call).
 
 How the face loads: ``import rateloop`` imports only the values every stage
 passes around (the signal and route vocabulary, the errors, the clock, the
-Exit record and events, the backoff and budget values).  Every other public
+Exit record and events) and Time (backoff, budgets, the sans-IO decider).  Every other public
 name is listed in :data:`_LAZY` with the module that defines it and is
 imported on first use by the module-level :func:`__getattr__` (PEP 562), then
 kept in the module's namespace, so ``from rateloop import RateLoop`` works as
@@ -41,6 +41,7 @@ from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.timing.backoff import Backoff, WaitPlan, plan_wait
 from rateloop.timing.budget import CallBudget, RunBudget
+from rateloop.timing.decide import Decision, FallBack, Proceed, Stop, Wait, decide
 from rateloop.timing.writes import WriteOutcome
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
@@ -77,7 +78,6 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         Policy,
     )
     from rateloop.tasks import AsyncTaskRunner, TaskRunner, TaskState, task
-    from rateloop.timing.decide import Decision, FallBack, Proceed, Stop, Wait, decide
 
     __version__: str
 
@@ -153,7 +153,6 @@ __all__ = [
 
 _READ = "rateloop.classify"  # ~100 patterns and ~4000 lines: the largest stage to load
 _ADMIT = "rateloop.admission"
-_TIME = "rateloop.timing.decide"  # imports the policy package (and so yaml) today
 _POLICY = "rateloop.policy"  # TOML/YAML loading, layers and locks
 _LOOP = "rateloop.loop.drivers"
 _TASKS = "rateloop.tasks"  # sqlite3, the durable store
@@ -169,23 +168,18 @@ _LAZY: dict[str, str] = {
     "AgentsPolicy": _POLICY,
     "AsyncRateLoop": _LOOP,
     "AsyncTaskRunner": _TASKS,
-    "Decision": _TIME,
     "Denied": _ADMIT,
-    "FallBack": _TIME,
     "FallbackPolicy": _POLICY,
     "Governance": _POLICY,
     "Layer": _POLICY,
     "LimitSpec": _ADMIT,
     "Limiter": _ADMIT,
     "Policy": _POLICY,
-    "Proceed": _TIME,
     "RateLoop": _LOOP,
     "Reservation": _ADMIT,
     "StepFailure": _AGENTS,
-    "Stop": _TIME,
     "TaskRunner": _TASKS,
     "TaskState": _TASKS,
-    "Wait": _TIME,
     "anthropic_client": _CLIENTS,
     "async_anthropic_client": _CLIENTS,
     "async_openai_client": _CLIENTS,
@@ -193,7 +187,6 @@ _LAZY: dict[str, str] = {
     "classify_exception": _READ,
     "classify_response": _READ,
     "classify_text": _READ,
-    "decide": _TIME,
     "detect_provider": _READ,
     "genai_client": _CLIENTS,
     "openai_client": _CLIENTS,
