@@ -125,7 +125,6 @@ def _direct(module: str) -> Callable[[str], list[BaseException | None]]:
 
 def langchain(url: str, *, limiter: Any = None) -> list[BaseException | None]:
     from langchain_fake import SdkChatModel
-
     from rateloop import Route
     from rateloop.integrations.langchain import RateLoopRateLimiter
 

@@ -17,9 +17,16 @@ the doors cannot differ.  The defaults, for a door given nothing:
   here gets ``max_retries=0``, since stacked retries multiply and the loop
   owns them; a ready client refuses ``max_retries=`` and ``http_client=``
   with the reason (:func:`take_loop_options`).
-- **The same warnings**: every request of every door runs through the one
-  loop (:mod:`rateloop.loop`), which warns of an SDK retrying inside an
+- **The same warnings**: every request of the HTTP doors runs through the
+  one loop (:mod:`rateloop.loop`), which warns of an SDK retrying inside an
   attempt and of ``[limits]`` keys that match no call.
+
+A framework that only asks before a call and tells after it (LangChain's
+rate limiter) cannot run the loop around the request; it still gets the
+same limiter and the same first contact, and :func:`learn_from_answer` /
+:func:`learn_from_refusal` tell that limiter what the provider said, as
+the loop does after each attempt (observe the headers; on a refusal,
+observe it and pause the scope for the server's minimum).
 
 The HTTP package (httpx2 when installed, else httpx) and the SDKs are
 optional: they are imported on first use and a missing one says what to
@@ -29,16 +36,21 @@ install.
 from __future__ import annotations
 
 import importlib
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from rateloop._clock import Clock
 from rateloop.admission import Limiter
+from rateloop.classify import classify_exception
 from rateloop.loop.args import check_policy
 from rateloop.loop.drivers import AsyncRateLoop, RateLoop
+from rateloop.loop.effects import pause_until
 from rateloop.loop.sdk_count import acount_request, count_request
 from rateloop.policy import Policy
+from rateloop.route import Route
+from rateloop.signal import Kind
 
 __all__ = [
     "LOOP_OPTIONS",
@@ -46,6 +58,8 @@ __all__ = [
     "Admission",
     "admission",
     "http_module",
+    "learn_from_answer",
+    "learn_from_refusal",
     "need",
     "plain_sdk_client",
     "ready_sdk_client",
@@ -211,3 +225,24 @@ def plain_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str,
         hooks.setdefault("request", []).append(acount_request if is_async else count_request)
     return client
 
+
+
+def learn_from_answer(limiter: Any, route: Route, headers: Mapping[str, str]) -> None:
+    """Tell ``limiter`` the rate-limit headers of an answer on ``route``, as the loop does."""
+    limiter.observe(route.provider_scope, headers)
+
+
+def learn_from_refusal(limiter: Any, route: Route, error: BaseException, now: datetime) -> None:
+    """Tell ``limiter`` what a failed call on ``route`` said, as the loop does after an attempt.
+
+    The provider speaks for the scope it limits (the project): its signal is
+    observed there (headers and a throttle teach the limits), and a server
+    minimum pauses the whole scope for every caller sharing the limiter.
+    """
+    signal = classify_exception(error, now=now)
+    scope = route.provider_scope
+    if signal.observed or signal.kind is Kind.TEMPORARY:
+        limiter.observe(scope, signal)
+    until = pause_until(signal, now)
+    if until is not None:
+        limiter.pause(scope, until, signal.kind.value)
