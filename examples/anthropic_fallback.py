@@ -16,8 +16,8 @@ import sys
 from collections import Counter
 
 from rateloop import AsyncRateLoop, Outcome, Policy, Route
+from rateloop.integrations.sdk import plain_client
 from rateloop.outcome import ConsoleSink
-from rateloop.integrations.sdk import async_anthropic_client
 from rateloop.testing import FakeProvider, FakeProviderServer, FaultScript
 
 CALLS = 20
@@ -29,7 +29,7 @@ POLICY = Policy.from_dict(
 
 
 async def run(urls: dict[str, str]) -> list[Outcome]:
-    clients = {model: async_anthropic_client(base_url=url, api_key="fake-key")
+    clients = {model: plain_client("anthropic", is_async=True, base_url=url, api_key="fake-key")
                for model, url in urls.items()}
     console = ConsoleSink(sys.stdout)
     loop = AsyncRateLoop(POLICY, sinks=[console])

@@ -20,7 +20,7 @@ from collections import Counter
 import openai
 
 from rateloop import AsyncRateLoop, Limiter, Outcome, Policy, Route
-from rateloop.integrations.sdk import async_openai_client
+from rateloop.integrations.sdk import plain_client
 from rateloop.testing import FakeProvider, FakeProviderServer
 
 CALLS = 50
@@ -54,7 +54,8 @@ async def plain_sdk(base_url: str) -> Counter[str]:
 
 async def with_rateloop(base_url: str) -> list[Outcome]:
     """The same calls through the RATE loop, admitted within the declared limit."""
-    client = async_openai_client(base_url=base_url, api_key="fake-key")  # SDK retries off
+    # SDK retries off: the loop around each call retries.
+    client = plain_client("openai", is_async=True, base_url=base_url, api_key="fake-key")
     loop = AsyncRateLoop(POLICY, limiter=Limiter.from_policy(POLICY))
     route = Route(provider="openai", model=MODEL)
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from rateloop.errors import SdkRetriesWarning
-from rateloop.integrations.sdk import anthropic_client, openai_client, sdk_retries_taken
+from rateloop.integrations.sdk import plain_client
 from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.loop.sdk_count import sdk_retries_taken
 from rateloop.outcome import Status
 from rateloop.policy import Policy
 from rateloop.route import Route
@@ -106,15 +107,15 @@ def ask(client: Any) -> Any:
 
 
 def test_helpers_turn_sdk_retries_off() -> None:
-    assert openai_client(api_key="sk-test").max_retries == 0
-    assert openai_client(api_key="sk-test", max_retries=3).max_retries == 3
+    assert plain_client("openai", api_key="sk-test").max_retries == 0
+    assert plain_client("openai", api_key="sk-test", max_retries=3).max_retries == 3
     pytest.importorskip("anthropic")
-    assert anthropic_client(api_key="sk-ant-test").max_retries == 0
+    assert plain_client("anthropic", api_key="sk-ant-test").max_retries == 0
 
 
 def test_rateloop_owns_the_retries(throttled_twice: Provider) -> None:
     clock = FakeClock()
-    client = openai_client(api_key="sk-test", base_url=throttled_twice.url)
+    client = plain_client("openai", api_key="sk-test", base_url=throttled_twice.url)
     loop = RateLoop(Policy.from_dict({"backoff": {"jitter": "none"}}), clock=clock)
     out = loop.call(ask(client), route=ROUTE)
     assert out.status is Status.COMPLETED
@@ -148,7 +149,7 @@ def test_sdk_retries_taken_reads_raw_responses_and_errors() -> None:
 def test_sdk_retries_inside_a_successful_attempt_are_counted() -> None:
     script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
     with Provider(script) as provider:
-        client = openai_client(api_key="sk-test", base_url=provider.url, max_retries=1)
+        client = plain_client("openai", api_key="sk-test", base_url=provider.url, max_retries=1)
         with pytest.warns(SdkRetriesWarning):
             out = RateLoop(Policy(), clock=FakeClock()).call(ask(client), route=ROUTE)
         assert out.status is Status.COMPLETED
@@ -159,11 +160,12 @@ def test_sdk_retries_inside_a_successful_attempt_are_counted() -> None:
 def test_async_client_requests_are_counted_too() -> None:
     import asyncio
 
-    from rateloop.integrations.sdk import async_openai_client
 
     script = [(429, THROTTLE, {"retry-after-ms": "1"}), (200, COMPLETION, {})]
     with Provider(script) as provider:
-        client = async_openai_client(api_key="sk-test", base_url=provider.url, max_retries=1)
+        client = plain_client(
+            "openai", is_async=True, api_key="sk-test", base_url=provider.url, max_retries=1
+        )
 
         async def fn(route: Route) -> Any:
             return await client.chat.completions.create(

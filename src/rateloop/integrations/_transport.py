@@ -44,6 +44,7 @@ from typing import Any
 from rateloop._clock import Clock
 from rateloop.classify import classify_exception
 from rateloop.errors import RateLimitExhausted
+from rateloop.integrations._assemble import admission
 from rateloop.integrations._body import (
     DEFAULT_MAX_BODY_BYTES,
     BodyBudget,
@@ -59,7 +60,6 @@ from rateloop.integrations._stream import (
     StreamInterrupted,
     SyncStreamBody,
 )
-from rateloop.loop.args import check_policy
 from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome.events import EventSink
 from rateloop.outcome.record import Outcome
@@ -389,10 +389,10 @@ class TransportBase:
             )
         else:
             user_classify = None
-            if policy is not None and not isinstance(policy, Policy):
-                policy = check_policy(policy)  # raises with the reason
+            # Every door's defaults (the self-learning limiter) come from one builder.
+            parts = admission(policy=policy, limiter=limiter, clock=clock)
             self.loop = performer(
-                transport_policy(policy), limiter=limiter, clock=clock, sinks=sinks
+                transport_policy(parts.policy), limiter=parts.limiter, clock=clock, sinks=sinks
             )
         self.loop = self.loop.replace(
             classify=self._classifier(user_classify, self.loop.clock),

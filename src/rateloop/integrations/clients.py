@@ -26,12 +26,10 @@ the reason, since either would silently take 429 recovery away from the loop.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from rateloop.admission import Limiter
-from rateloop.loop.drivers import AsyncRateLoop, RateLoop
-from rateloop.policy import Policy
+from rateloop.integrations import _assemble
+from rateloop.integrations._assemble import transport as rateloop_transport
 
 __all__ = [
     "anthropic_client",
@@ -42,113 +40,9 @@ __all__ = [
     "rateloop_transport",
 ]
 
-# The connection pool the OpenAI and Anthropic SDKs give their default client.
-_POOL = {"max_connections": 1000, "max_keepalive_connections": 100}
-
-
-# rateloop's own keyword arguments (everything else goes to the SDK).
-_OURS = (
-    "policy",
-    "limiter",
-    "loop",
-    "clock",
-    "sinks",
-    "enabled",
-    "max_body_bytes",
-    "first_byte_timeout",
-    "idle_timeout",
-    "probe_timeout",
-)
-
-
-def _need(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"this helper needs the {module!r} package: pip install 'rateloop[{extra}]'"
-        ) from exc
-
-
-def _http_module(prefer: str | None = None) -> tuple[Any, Any]:
-    """(the httpx-like module, its rateloop transport module): ``prefer``, else httpx2 first."""
-    order = [prefer] if prefer else ["httpx2", "httpx"]
-    for name in order:
-        try:
-            hx = importlib.import_module(name)
-        except ImportError:
-            continue
-        return hx, importlib.import_module(f"rateloop.integrations.{name}")
-    raise ImportError("the ready clients need httpx2 or httpx: pip install 'rateloop[httpx2]'")
-
-
-def _sdk_http(sdk: Any, is_async: bool) -> tuple[Any, str | None]:
-    """The SDK's default HTTP client class and the package it builds on (httpx2 or httpx)."""
-    factory = getattr(sdk, "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient", None)
-    if factory is None:
-        return None, None
-    for base in factory.__mro__:
-        package = base.__module__.split(".", 1)[0]
-        if package in ("httpx", "httpx2"):
-            return factory, package
-    return None, None
-
-
-def rateloop_transport(
-    *,
-    is_async: bool,
-    package: str | None = None,
-    policy: Policy | None = None,
-    limiter: Any = None,
-    loop: RateLoop | AsyncRateLoop | None = None,
-    **options: Any,
-) -> Any:
-    """A RATE-loop transport over a pooled inner transport.
-
-    ``package`` is ``"httpx2"`` or ``"httpx"`` (default: httpx2 when installed).
-    """
-    hx, transports = _http_module(package)
-    limits = hx.Limits(**_POOL)
-    if is_async:
-        return transports.AsyncRateLoopTransport(
-            hx.AsyncHTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop,
-            **options,
-        )
-    return transports.RateLoopTransport(
-        hx.HTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop, **options
-    )
-
-
-def _split(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Take rateloop's own arguments out of ``kwargs``; refuse the ones that undo them."""
-    for name in ("max_retries", "http_client"):
-        if name in kwargs:
-            raise TypeError(
-                f"{name}= is set by the rateloop client helpers (the RATE loop owns retries "
-                "and sends through its transport); build the SDK client yourself with "
-                "rateloop.integrations.clients.rateloop_transport() to customise it"
-            )
-    ours = {name: kwargs.pop(name) for name in _OURS if name in kwargs}
-    if ours.get("limiter") is None and ours.get("loop") is None:
-        # Zero-config admission: a memory limiter (or the policy's backend) that learns the
-        # provider's limits from the headers of every response and paces to them.
-        policy = ours.get("policy")
-        ours["limiter"] = Limiter.from_policy(
-            policy if policy is not None else Policy(), clock=ours.get("clock")
-        )
-    return ours
-
 
 def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
-    ours = _split(kwargs)
-    sdk = _need(module, module)
-    factory, package = _sdk_http(sdk, is_async)
-    hx, _ = _http_module(package)
-    transport = rateloop_transport(is_async=is_async, package=hx.__name__, **ours)
-    if factory is None:
-        factory = hx.AsyncClient if is_async else hx.Client
-    http_client = factory(transport=transport)
-    return getattr(sdk, cls)(max_retries=0, http_client=http_client, **kwargs)
+    return _assemble.ready_sdk_client(module, cls, is_async=is_async, kwargs=kwargs)
 
 
 def openai_client(**kwargs: Any) -> Any:
@@ -178,10 +72,10 @@ def genai_client(**kwargs: Any) -> Any:
     the HTTP clients; ``retry_options`` in it is refused (it would retry on
     top of the loop).
     """
-    ours = _split(kwargs)
-    genai = _need("google.genai", "google")
-    types = importlib.import_module("google.genai.types")
-    hx, _ = _http_module()
+    ours = _assemble.take_loop_options(kwargs)
+    genai = _assemble.need("google.genai", "google")
+    types = _assemble.need("google.genai.types", "google")
+    hx, _ = _assemble.http_module()
     options = kwargs.pop("http_options", None)
     if options is None:
         options = types.HttpOptions()

@@ -1,20 +1,22 @@
 """The RATE loop as an ``httpx`` transport: every request admitted, read, timed and settled.
 
 ``RateLoopTransport`` / ``AsyncRateLoopTransport`` wrap another httpx
-transport (by default a plain ``httpx.HTTPTransport``); the algorithm is the
-shared driver in :mod:`rateloop.integrations._transport`.  Install with
+transport (by default a plain ``httpx.HTTPTransport``).  Without ``limiter=``
+(or ``loop=``) they get the self-learning limiter every door gets
+(:mod:`rateloop.integrations._assemble`).  The classes are made from the
+``httpx`` module by :func:`~rateloop.integrations._faces.transport_faces`,
+the same code as the other face; the algorithm is the shared driver in
+:mod:`rateloop.integrations._transport`.  Install with
 ``pip install 'rateloop[httpx]'``.
 """
 
 from __future__ import annotations
 
+from rateloop.integrations._faces import transport_faces
 from rateloop.integrations._transport import (
     OUTCOME_KEY,
     AdmissionRefused,
-    AsyncStreamBody,
     StreamInterrupted,
-    SyncStreamBody,
-    TransportBase,
     admission_refusal,
 )
 
@@ -34,46 +36,6 @@ __all__ = [
     "admission_refusal",
 ]
 
-
-class _SyncStream(SyncStreamBody, _hx.SyncByteStream):
-    pass
-
-
-class _AsyncStream(AsyncStreamBody, _hx.AsyncByteStream):
-    pass
-
-
-class RateLoopTransport(TransportBase, _hx.BaseTransport):
-    """A sync httpx transport running each request through the RATE loop.
-
-    ``httpx.Client(transport=RateLoopTransport(policy=..., limiter=...))``.
-    """
-
-    hx = _hx
-    is_async = False
-    sync_stream = _SyncStream
-    async_stream = _AsyncStream
-
-    def handle_request(self, request: _hx.Request) -> _hx.Response:
-        response: _hx.Response = self._send_sync(request)
-        return response
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class AsyncRateLoopTransport(TransportBase, _hx.AsyncBaseTransport):
-    """An async httpx transport running each request through the async RATE loop."""
-
-    hx = _hx
-    is_async = True
-    sync_stream = _SyncStream
-    async_stream = _AsyncStream
-
-    async def handle_async_request(self, request: _hx.Request) -> _hx.Response:
-        response: _hx.Response = await self._send_async(request)
-        return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
+_faces = transport_faces(_hx, __name__)
+RateLoopTransport = _faces.sync
+AsyncRateLoopTransport = _faces.async_

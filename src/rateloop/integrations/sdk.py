@@ -1,77 +1,46 @@
-"""SDK retry ownership.
+"""Plain SDK clients for wrapping calls by hand: the SDK's own client, its retries off.
 
-Stacked retries multiply: an SDK that retries 3 times inside a loop that
-retries 5 times sends up to 20 requests.  rateloop owns the retries, so the
-helpers here build OpenAI and Anthropic clients with ``max_retries=0``.
+For a program that runs each call through ``RateLoop.call`` /
+``AsyncRateLoop.call`` itself (fallback routes, a shared loop), the client
+must not retry on its own: stacked retries multiply (an SDK that retries 3
+times inside a loop that retries 5 times sends up to 20 requests).
+:func:`plain_client` builds the SDK's client with ``max_retries=0`` (unless
+given) and counts every request it sends, so the loop's attempt ledger sees
+any retry the SDK still takes (:mod:`rateloop.loop.sdk_count`)::
 
-Where a user keeps SDK retries on, the attempt ledger still learns how many
-requests the provider saw:
+    client = plain_client("openai", is_async=True, api_key=...)
+    outcome = await loop.call(lambda route: client.chat.completions.create(...), route=route)
 
-- a client built by these helpers counts every request it sends (an httpx
-  request hook); the loop reads the count around each attempt, so retries
-  inside a *successful* attempt are counted too (:func:`counting_requests`);
-- otherwise :func:`sdk_retries_taken` reads a raw response's
-  ``retries_taken`` (``with_raw_response``), or the ``x-stainless-retry-count``
-  header of the last request an SDK error kept.
+These are not the ready clients (``rateloop.openai_client()`` and friends,
+:mod:`rateloop.integrations.clients`): those run every request through the
+RATE loop inside their transport and need no loop around the call.  Both are
+built by one builder (:mod:`rateloop.integrations._assemble`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from rateloop.loop.sdk_count import (
-    acount_request,
-    count_request,
-    counting_requests,
-    sdk_retries_taken,
-)
+from rateloop.integrations._assemble import plain_sdk_client
 
+__all__ = ["plain_client"]
 
-def _counted(client: Any, *, is_async: bool) -> Any:
-    """Add the request-counting hook to an SDK client's underlying httpx client."""
-    hooks = getattr(getattr(client, "_client", None), "event_hooks", None)
-    if isinstance(hooks, dict):
-        hooks.setdefault("request", []).append(acount_request if is_async else count_request)
-    return client
-
-__all__ = [
-    "anthropic_client",
-    "async_anthropic_client",
-    "async_openai_client",
-    "counting_requests",
-    "openai_client",
-    "sdk_retries_taken",
-]
+_CLASSES = {
+    ("openai", False): "OpenAI",
+    ("openai", True): "AsyncOpenAI",
+    ("anthropic", False): "Anthropic",
+    ("anthropic", True): "AsyncAnthropic",
+}
 
 
-def _need(module: str, extra: str) -> Any:
-    try:
-        return __import__(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"this helper needs the {module!r} package: pip install 'rateloop[{extra}]'"
-        ) from exc
+def plain_client(
+    sdk: Literal["openai", "anthropic"], *, is_async: bool = False, **kwargs: Any
+) -> Any:
+    """``openai.OpenAI`` / ``AsyncOpenAI`` / ``anthropic.Anthropic`` / ``AsyncAnthropic``.
 
-
-def openai_client(**kwargs: Any) -> Any:
-    """An ``openai.OpenAI`` client whose own retries are off (rateloop retries)."""
-    kwargs.setdefault("max_retries", 0)
-    return _counted(_need("openai", "openai").OpenAI(**kwargs), is_async=False)
-
-
-def async_openai_client(**kwargs: Any) -> Any:
-    """An ``openai.AsyncOpenAI`` client whose own retries are off."""
-    kwargs.setdefault("max_retries", 0)
-    return _counted(_need("openai", "openai").AsyncOpenAI(**kwargs), is_async=True)
-
-
-def anthropic_client(**kwargs: Any) -> Any:
-    """An ``anthropic.Anthropic`` client whose own retries are off."""
-    kwargs.setdefault("max_retries", 0)
-    return _counted(_need("anthropic", "anthropic").Anthropic(**kwargs), is_async=False)
-
-
-def async_anthropic_client(**kwargs: Any) -> Any:
-    """An ``anthropic.AsyncAnthropic`` client whose own retries are off."""
-    kwargs.setdefault("max_retries", 0)
-    return _counted(_need("anthropic", "anthropic").AsyncAnthropic(**kwargs), is_async=True)
+    ``kwargs`` go to the SDK; ``max_retries`` defaults to 0 (rateloop retries).
+    """
+    cls = _CLASSES.get((sdk, bool(is_async)))
+    if cls is None:
+        raise ValueError(f"sdk must be 'openai' or 'anthropic', got {sdk!r}")
+    return plain_sdk_client(sdk, cls, is_async=bool(is_async), kwargs=kwargs)
