@@ -5,12 +5,13 @@ server asked, within budgets), Exit (an explicit outcome for every call).
 
 How the face loads: ``import rateloop`` imports only the values every stage
 passes around (the signal and route vocabulary, the errors, the clock, the
-Exit record and events) and Time (backoff, budgets, the sans-IO decider).  Every other public
-name is listed in :data:`_LAZY` with the module that defines it and is
-imported on first use by the module-level :func:`__getattr__` (PEP 562), then
-kept in the module's namespace, so ``from rateloop import RateLoop`` works as
-before and costs its import once.  ``__version__`` is read from the installed
-metadata the same way (stamina's ``__init__.py``).
+Exit record and events) and Time (backoff, budgets, the sans-IO decider).
+Every other public name is listed in :data:`_LAZY` with the module that
+defines it and is imported on first use by the module-level
+:func:`__getattr__` (PEP 562), then kept in the module's namespace, so
+``from rateloop import RateLoop`` works as before and costs its import once.
+``__version__`` is read from the installed metadata the same way (stamina's
+``__init__.py``).
 
 One name needs more: ``rateloop.classify`` is both the Read subpackage and
 its function.  Whoever imports the subpackage first (a stage, or a user's
