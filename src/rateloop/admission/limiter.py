@@ -44,7 +44,7 @@ import math
 import random
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.admit import MAX_BOOK_SECONDS, MIN_RETRY_AFTER, Admissions
@@ -59,8 +59,25 @@ from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 from rateloop.signal import LimitSignal
 
-if TYPE_CHECKING:
-    from rateloop.policy import Policy
+
+class AdmissionSettings(Protocol):
+    """What :meth:`Limiter.from_policy` reads of a policy's ``[admission]`` table."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def on_unreachable(self) -> Literal["fail_closed", "local"]: ...
+    @property
+    def local_share(self) -> float: ...
+
+
+class LimiterSettings(Protocol):
+    """What :meth:`Limiter.from_policy` reads (a :class:`~rateloop.policy.Policy` has it)."""
+
+    @property
+    def admission(self) -> AdmissionSettings: ...
+    @property
+    def limits(self) -> Mapping[str, LimitSpec]: ...
 
 __all__ = ["LOCAL_RETRY_SECONDS", "MAX_BOOK_SECONDS", "MIN_RETRY_AFTER", "Limiter"]
 
@@ -135,7 +152,7 @@ class Limiter:
     @classmethod
     def from_policy(
         cls,
-        policy: Policy,
+        policy: LimiterSettings,
         *,
         prefix: str = "rateloop:",
         clock: Clock | None = None,

@@ -28,9 +28,11 @@ same limiter and the same first contact, and :func:`learn_from_answer` /
 the loop does after each attempt (observe the headers; on a refusal,
 observe it and pause the scope for the server's minimum).
 
-The HTTP package (httpx2 when installed, else httpx) and the SDKs are
-optional: they are imported on first use and a missing one says what to
-install.
+The doors themselves sit on top: the transports (:mod:`~rateloop.integrations._transport`
+builds its loop with :func:`admission`), then the ready clients and
+``rateloop_transport()`` (:mod:`~rateloop.integrations.clients`, which pick the
+httpx2 or httpx face), then the adapters.  The SDKs are optional: they are
+imported on first use (:func:`need`) and a missing one says what to install.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from rateloop._clock import Clock
 from rateloop.admission import Limiter
 from rateloop.classify import classify_exception
 from rateloop.loop.args import check_policy
-from rateloop.loop.drivers import AsyncRateLoop, RateLoop
 from rateloop.loop.effects import pause_until
 from rateloop.loop.sdk_count import acount_request, count_request
 from rateloop.policy import Policy
@@ -57,21 +58,15 @@ __all__ = [
     "SDK_RETRIES",
     "Admission",
     "admission",
-    "http_module",
     "learn_from_answer",
     "learn_from_refusal",
     "need",
     "plain_sdk_client",
-    "ready_sdk_client",
     "take_loop_options",
-    "transport",
 ]
 
 #: The SDK's own retries on every client a door builds: off, the loop retries.
 SDK_RETRIES = 0
-
-# The connection pool the OpenAI and Anthropic SDKs give their default client.
-_POOL = {"max_connections": 1000, "max_keepalive_connections": 100}
 
 #: rateloop's own keyword arguments to a ready client (everything else goes to the SDK).
 LOOP_OPTIONS = (
@@ -125,56 +120,6 @@ def need(module: str, extra: str) -> Any:
         ) from exc
 
 
-def http_module(prefer: str | None = None) -> tuple[Any, Any]:
-    """(the httpx-like module, its rateloop transport module): ``prefer``, else httpx2 first."""
-    order = [prefer] if prefer else ["httpx2", "httpx"]
-    for name in order:
-        try:
-            hx = importlib.import_module(name)
-        except ImportError:
-            continue
-        return hx, importlib.import_module(f"rateloop.integrations.{name}")
-    raise ImportError("the ready clients need httpx2 or httpx: pip install 'rateloop[httpx2]'")
-
-
-def _sdk_http(sdk: Any, is_async: bool) -> tuple[Any, str | None]:
-    """The SDK's default HTTP client class and the package it builds on (httpx2 or httpx)."""
-    factory = getattr(sdk, "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient", None)
-    if factory is None:
-        return None, None
-    for base in factory.__mro__:
-        package = base.__module__.split(".", 1)[0]
-        if package in ("httpx", "httpx2"):
-            return factory, package
-    return None, None
-
-
-def transport(
-    *,
-    is_async: bool,
-    package: str | None = None,
-    policy: Policy | None = None,
-    limiter: Any = None,
-    loop: RateLoop | AsyncRateLoop | None = None,
-    **options: Any,
-) -> Any:
-    """A RATE-loop transport over a pooled inner transport (the SDKs' default pool).
-
-    The transport assembles its loop through :func:`admission`, so without
-    ``limiter`` / ``loop`` it gets the self-learning limiter.
-    """
-    hx, faces = http_module(package)
-    limits = hx.Limits(**_POOL)
-    if is_async:
-        return faces.AsyncRateLoopTransport(
-            hx.AsyncHTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop,
-            **options,
-        )
-    return faces.RateLoopTransport(
-        hx.HTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop, **options
-    )
-
-
 def take_loop_options(kwargs: MutableMapping[str, Any]) -> dict[str, Any]:
     """Take rateloop's own arguments out of a ready client's ``kwargs``.
 
@@ -198,19 +143,6 @@ def take_loop_options(kwargs: MutableMapping[str, Any]) -> dict[str, Any]:
     return ours
 
 
-def ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str, Any]) -> Any:
-    """``module.cls(**kwargs)`` with its retries off and the RATE-loop transport inside."""
-    ours = take_loop_options(kwargs)
-    sdk = need(module, module)
-    factory, package = _sdk_http(sdk, is_async)
-    hx, _ = http_module(package)
-    inner = transport(is_async=is_async, package=hx.__name__, **ours)
-    if factory is None:
-        factory = hx.AsyncClient if is_async else hx.Client
-    http_client = factory(transport=inner)
-    return getattr(sdk, cls)(max_retries=SDK_RETRIES, http_client=http_client, **kwargs)
-
-
 def plain_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str, Any]) -> Any:
     """``module.cls(**kwargs)`` with its retries off (unless given) and requests counted.
 
@@ -224,7 +156,6 @@ def plain_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str,
     if isinstance(hooks, dict):
         hooks.setdefault("request", []).append(acount_request if is_async else count_request)
     return client
-
 
 
 def learn_from_answer(limiter: Any, route: Route, headers: Mapping[str, str]) -> None:

@@ -26,10 +26,12 @@ the reason, since either would silently take 429 recovery away from the loop.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
-from rateloop.integrations import _assemble
-from rateloop.integrations._assemble import transport as rateloop_transport
+from rateloop.integrations._assemble import SDK_RETRIES, need, take_loop_options
+from rateloop.loop.drivers import AsyncRateLoop, RateLoop
+from rateloop.policy import Policy
 
 __all__ = [
     "anthropic_client",
@@ -41,8 +43,89 @@ __all__ = [
 ]
 
 
+# The connection pool the OpenAI and Anthropic SDKs give their default client.
+_POOL = {"max_connections": 1000, "max_keepalive_connections": 100}
+
+
+def _faces(package: str) -> ModuleType:
+    """The rateloop transport module for ``package``; ImportError when it is not installed."""
+    if package == "httpx2":
+        from rateloop.integrations import httpx2
+
+        return httpx2
+    if package == "httpx":
+        from rateloop.integrations import httpx
+
+        return httpx
+    raise ValueError(f"package must be 'httpx2' or 'httpx', got {package!r}")
+
+
+def http_module(prefer: str | None = None) -> tuple[Any, Any]:
+    """(the httpx-like module, its rateloop transport module): ``prefer``, else httpx2 first."""
+    order = [prefer] if prefer else ["httpx2", "httpx"]
+    for name in order:
+        try:
+            faces = _faces(name)
+        except ImportError:
+            continue
+        return faces.RateLoopTransport.hx, faces
+    raise ImportError("the ready clients need httpx2 or httpx: pip install 'rateloop[httpx2]'")
+
+
+def _sdk_http(sdk: Any, is_async: bool) -> tuple[Any, str | None]:
+    """The SDK's default HTTP client class and the package it builds on (httpx2 or httpx)."""
+    factory = getattr(sdk, "DefaultAsyncHttpxClient" if is_async else "DefaultHttpxClient", None)
+    if factory is None:
+        return None, None
+    for base in factory.__mro__:
+        package = base.__module__.split(".", 1)[0]
+        if package in ("httpx", "httpx2"):
+            return factory, package
+    return None, None
+
+
+def rateloop_transport(
+    *,
+    is_async: bool,
+    package: str | None = None,
+    policy: Policy | None = None,
+    limiter: Any = None,
+    loop: RateLoop | AsyncRateLoop | None = None,
+    **options: Any,
+) -> Any:
+    """A RATE-loop transport over a pooled inner transport (the SDKs' default pool).
+
+    The transport assembles its loop through
+    :func:`~rateloop.integrations._assemble.admission`, so without ``limiter`` /
+    ``loop`` it gets the self-learning limiter.
+    """
+    hx, faces = http_module(package)
+    limits = hx.Limits(**_POOL)
+    if is_async:
+        return faces.AsyncRateLoopTransport(
+            hx.AsyncHTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop,
+            **options,
+        )
+    return faces.RateLoopTransport(
+        hx.HTTPTransport(limits=limits), policy=policy, limiter=limiter, loop=loop, **options
+    )
+
+
+def ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str, Any]) -> Any:
+    """``module.cls(**kwargs)`` with its retries off and the RATE-loop transport inside."""
+    ours = take_loop_options(kwargs)
+    sdk = need(module, module)
+    factory, package = _sdk_http(sdk, is_async)
+    hx, _ = http_module(package)
+    inner = rateloop_transport(is_async=is_async, package=hx.__name__, **ours)
+    if factory is None:
+        factory = hx.AsyncClient if is_async else hx.Client
+    http_client = factory(transport=inner)
+    return getattr(sdk, cls)(max_retries=SDK_RETRIES, http_client=http_client, **kwargs)
+
+
 def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
-    return _assemble.ready_sdk_client(module, cls, is_async=is_async, kwargs=kwargs)
+    return ready_sdk_client(module, cls, is_async=is_async, kwargs=kwargs)
 
 
 def openai_client(**kwargs: Any) -> Any:
@@ -72,10 +155,10 @@ def genai_client(**kwargs: Any) -> Any:
     the HTTP clients; ``retry_options`` in it is refused (it would retry on
     top of the loop).
     """
-    ours = _assemble.take_loop_options(kwargs)
-    genai = _assemble.need("google.genai", "google")
-    types = _assemble.need("google.genai.types", "google")
-    hx, _ = _assemble.http_module()
+    ours = take_loop_options(kwargs)
+    genai = need("google.genai", "google")
+    types = need("google.genai.types", "google")
+    hx, _ = http_module()
     options = kwargs.pop("http_options", None)
     if options is None:
         options = types.HttpOptions()

@@ -205,7 +205,8 @@ class _LoopConfig:
         warnings.warn(
             f"an SDK retried {retries} time(s) inside one rateloop attempt; those requests "
             "count against max_attempts. Build the client with max_retries=0 (or "
-            "rateloop.integrations.sdk.openai_client() / anthropic_client()) so that "
+            'rateloop.integrations.sdk.plain_client("openai") / plain_client("anthropic")) '
+            "so that "
             "rateloop alone decides when to retry",
             SdkRetriesWarning,
             stacklevel=_CALLER_STACKLEVEL,
