@@ -196,19 +196,12 @@ _LAZY: dict[str, str] = {
 }
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rateloop")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "0.0.0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     """Import a lazy public name on first use and keep it (PEP 562)."""
     if name == "__version__":
-        value: Any = _version()
+        from rateloop._version import package_version
+
+        value: Any = package_version()
     else:
         module = _LAZY.get(name)
         if module is None:

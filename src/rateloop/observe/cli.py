@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from rateloop._clock import system_clock
 from rateloop.errors import BackendError, ConfigError
 from rateloop.observe.queue_state import QueueState
 from rateloop.observe.state import ScopeState, Snapshot
@@ -243,7 +243,7 @@ def status(
                     typer.echo(render_queue(queue, source=tasks.url))
             if not watch:
                 return
-            time.sleep(interval)
+            system_clock.sleep(interval)
     except KeyboardInterrupt:
         return
     finally:

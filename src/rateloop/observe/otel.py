@@ -43,10 +43,10 @@ class OTelSink(MetricSink):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(clock=clock)
-        from rateloop import __version__
+        from rateloop._version import package_version
 
-        meter = metrics.get_meter(_SCOPE, __version__, meter_provider=meter_provider)
-        self._tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(_SCOPE, package_version(), meter_provider=meter_provider)
+        self._tracer = trace.get_tracer(_SCOPE, package_version(), tracer_provider=tracer_provider)
         self._instruments: dict[str, Any] = {}
         for m in METRICS.values():
             name = f"rateloop.{m.name}"

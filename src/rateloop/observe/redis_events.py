@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 from contextvars import ContextVar
 from typing import Any
 
+from rateloop._clock import system_clock
 from rateloop._redact import redact_url
 from rateloop.admission.backends.keys import events_key
 from rateloop.observe._metrics import Metric, MetricSink
@@ -120,7 +120,7 @@ class RedisEventSink(MetricSink):
         try:
             self._client.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
         except self._errors as exc:
-            now = time.monotonic()
+            now = system_clock.monotonic()
             if now - self._warned_at >= _WARN_EVERY:
                 self._warned_at = now
                 log.warning("rateloop: dropping events, Redis at %s failed: %s", self.url, exc)

@@ -33,11 +33,11 @@ With a task store (``store=``), the queue too (``rateloop.queue.<name>``):
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
+from rateloop._clock import system_clock
 from rateloop.observe.queue_state import QueueState, read_queue
 from rateloop.observe.state import Snapshot
 
@@ -141,7 +141,7 @@ class _Cached:
 
     def values(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         with self._lock:
-            now = time.monotonic()
+            now = system_clock.monotonic()
             if now - self._at > self._max_age:
                 snap = self._reader.read()
                 values = {f"scope.{k}": v for k, v in gauge_values(snap).items()}
@@ -196,9 +196,9 @@ def observe_scope_state(
     """
     from opentelemetry import metrics
 
-    from rateloop import __version__
+    from rateloop._version import package_version
 
-    meter = metrics.get_meter("rateloop", __version__, meter_provider=meter_provider)
+    meter = metrics.get_meter("rateloop", package_version(), meter_provider=meter_provider)
     cache = _Cached(reader, max_age, store)
 
     def callback(name: str) -> Callable[[Any], Iterable[Any]]:

@@ -33,6 +33,7 @@ from rateloop.policy._checks import (
 )
 from rateloop.policy._paths import Path, dotted, parse_path
 from rateloop.route import Route
+from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS
 
 __all__ = [
     "SCHEMA",
@@ -149,7 +150,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
     "": {
         "max_attempts": _num("int", 20, 1, 1000),
         "recovery_budget_secs": _num("float", 600.0, 1, _MAX_SECS, _SECS),
-        "pause_limit_secs": _num("float", 3600.0, 1, _MAX_SECS, _SECS),
+        "pause_limit_secs": _num("float", DEFAULT_PAUSE_LIMIT_SECS, 1, _MAX_SECS, _SECS),
         "trigger_scope": _choice("transient", "rate-limit", "transient", "all"),
         "on_exhausted": _choice("fail", "fail", "soft"),
         "attempts_per_route": _num("int", None, 1, 1000, optional=True),
