@@ -1,7 +1,7 @@
 """The driver shared by the httpx and httpx2 transports, sync and async.
 
 How it works: a transport is one more performer of the RATE loop's effect
-generator (``loop.py`` + ``_effects.py``), not a second copy of it.  For each
+generator (:mod:`rateloop.loop`), not a second copy of it.  For each
 request it reads the loop's view of the call (:func:`read_request`: route,
 cost, model call or not), then runs the loop with an *attempt* — a callable
 that sends the request through the inner transport — as the loop's ``fn``:
@@ -20,8 +20,8 @@ that sends the request through the inner transport — as the loop's ``fn``:
 3. **Read, settle, time**: the loop classifies the response (success
    headers feed ``observe``), settles the reservation from the body's
    ``usage`` and decides: done, wait and retry, or stop.  A stream's
-   reservation is not settled there: the performer (``_SyncPerformer`` /
-   ``_AsyncPerformer``) hands it to the stream, which settles it from the
+   reservation is not settled there: the loop's public ``keep_reservation``
+   hook (:func:`_keeps_stream`) hands it to the stream, which settles it from the
    usage it saw when it closes, or releases it when it is abandoned or its
    task is cancelled (:mod:`rateloop.integrations._stream`).
 4. **Exit**: a ``completed`` outcome returns the response; any other returns
@@ -317,12 +317,6 @@ def _keeps_stream(fn: object, reservation: Any) -> bool:
     return False
 
 
-# The loops the transport runs are plain loops: the stream's hand-over is the public
-# ``keep_reservation`` hook, added with ``loop.replace`` (no override, no patching).
-_SyncPerformer = RateLoop
-_AsyncPerformer = AsyncRateLoop
-
-
 # --- the transport base ----------------------------------------------------------------
 
 
@@ -381,23 +375,26 @@ class TransportBase:
             probe_timeout=float(probe_timeout),
         )
         self.first_contact = FirstContact()
-        performer = _AsyncPerformer if self.is_async else _SyncPerformer
+        # The transport runs a plain loop: the stream's hand-over is the public
+        # ``keep_reservation`` hook and the envelope reading a ``classify`` (no override).
+        driver = AsyncRateLoop if self.is_async else RateLoop
         if loop is not None:
-            user_classify = loop.classify
-            self.loop: RateLoop | AsyncRateLoop = performer.like(
-                loop, policy=transport_policy(loop.policy)
+            self.loop: RateLoop | AsyncRateLoop = driver.like(
+                loop,
+                policy=transport_policy(loop.policy),
+                classify=self._classifier(loop.classify, loop.clock),
+                keep_reservation=_keeps_stream,
             )
         else:
-            user_classify = None
             # Every door's defaults (the self-learning limiter) come from one builder.
             parts = admission(policy=policy, limiter=limiter, clock=clock)
-            self.loop = performer(
+            built = driver(
                 transport_policy(parts.policy), limiter=parts.limiter, clock=clock, sinks=sinks
             )
-        self.loop = self.loop.replace(
-            classify=self._classifier(user_classify, self.loop.clock),
-            keep_reservation=_keeps_stream,
-        )
+            self.loop = built.replace(
+                classify=self._classifier(None, built.clock),
+                keep_reservation=_keeps_stream,
+            )
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ yields :class:`RunStep` (run step *i* through the RATE loop) and
 :class:`Save` (write the record, fenced), and receives what happened.
 :class:`~rateloop.tasks.TaskRunner` performs the effects with blocking
 calls, :class:`~rateloop.tasks.AsyncTaskRunner` with ``await`` — the pattern
-of ``loop.py`` + ``_effects.py``.
+of :mod:`rateloop.loop` (``flow`` + ``effects``).
 
 The rules, in order:
 
