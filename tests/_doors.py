@@ -123,7 +123,9 @@ def _direct(module: str) -> Callable[[str], list[BaseException | None]]:
     return door
 
 
-def langchain(url: str, *, limiter: Any = None) -> list[BaseException | None]:
+def langchain(
+    url: str, *, limiter: Any = None, **model_options: Any
+) -> list[BaseException | None]:
     from langchain_fake import SdkChatModel
     from rateloop import Route
     from rateloop.integrations.langchain import RateLoopRateLimiter
@@ -135,12 +137,25 @@ def langchain(url: str, *, limiter: Any = None) -> list[BaseException | None]:
         else RateLoopRateLimiter(limiter, route=route)
     )
     model = SdkChatModel(
-        base_url=url + "/v1", rate_limiter=rate_limiter, callbacks=[rate_limiter.usage_callback()]
+        base_url=url + "/v1",
+        rate_limiter=rate_limiter,
+        callbacks=[rate_limiter.usage_callback()],
+        **model_options,
     )
     try:
         return _threads(lambda: model.invoke("Summarise the plot of Hamlet in one line."))
     finally:
         model.close()
+
+
+def langchain_defaults(url: str) -> list[BaseException | None]:
+    """The LangChain door with ChatOpenAI's own defaults: no response headers, 2 SDK retries."""
+    return langchain(url, include_response_headers=False, max_retries=2)
+
+
+def langchain_no_headers(url: str) -> list[BaseException | None]:
+    """The LangChain door without response headers and without SDK retries."""
+    return langchain(url, include_response_headers=False, max_retries=0)
 
 
 def langchain_limiter(url: str) -> list[BaseException | None]:
@@ -205,13 +220,21 @@ DOORS: dict[str, Callable[[str], list[BaseException | None]]] = {
 }
 
 
+#: The LangChain door with a model that reports no response headers (ChatOpenAI's default):
+#: nothing to learn from an answer, so calls go one at a time until a refusal teaches.
+HEADERLESS = {
+    "langchain_defaults": langchain_defaults,
+    "langchain_no_headers": langchain_no_headers,
+}
+
+
 def measure(name: str) -> Result:
     provider = FakeProvider(
         profile="openai", rpm=RPM, burst_seconds=BURST_SECONDS, latency=LATENCY, model=MODEL
     )
     with FakeProviderServer(provider) as server:
         start = time.monotonic()
-        outcomes = DOORS[name](server.url)
+        outcomes = (DOORS | HEADERLESS)[name](server.url)
         wall = time.monotonic() - start
         stats = provider.stats
     errors = [e for e in outcomes if e is not None]
@@ -227,7 +250,7 @@ def measure(name: str) -> Result:
 
 
 if __name__ == "__main__":
-    for door in sys.argv[1:] or list(DOORS):
+    for door in sys.argv[1:] or [*DOORS, *HEADERLESS]:
         try:
             print(measure(door).row(), flush=True)
         except Exception as exc:  # a door that cannot even be built on this code

@@ -44,6 +44,19 @@ def test_fifty_concurrent_calls_through_every_door_lose_nothing(door: str) -> No
     assert result.refusals_per_success <= 0.05, result.row()
 
 
+@pytest.mark.slow
+def test_langchain_without_response_headers_goes_one_at_a_time_until_a_refusal_teaches() -> None:
+    # ChatOpenAI's own defaults (no headers, 2 SDK retries): nothing is lost.
+    with pytest.warns(LimitsWarning, match="one at a time"):
+        defaults = measure("langchain_defaults")
+    assert (defaults.lost, defaults.completed) == (0, CALLS), defaults.row()
+    # No headers and no SDK retries: only the probes a 429 refused before it taught are lost
+    # (all but 11 of 50 were, when the first header-less answer opened the gate).
+    with pytest.warns(LimitsWarning, match="one at a time"):
+        blind = measure("langchain_no_headers")
+    assert blind.lost <= 3 and blind.refusals_per_success <= 0.1, blind.row()
+
+
 # --- one builder, the same defaults --------------------------------------------------------
 
 

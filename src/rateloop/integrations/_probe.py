@@ -17,7 +17,6 @@ sync transport waits on a ``threading.Event``, the async one on an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from typing import Any, Literal
 
@@ -59,11 +58,16 @@ class FirstContact:
             self._probing[key] = (threading.Event(), [])
             return "probe"
 
-    def finish(self, route: Route) -> None:
-        """The probe of ``route``'s scope answered (or failed): let the waiters go."""
+    def finish(self, route: Route, *, learned: bool = True) -> None:
+        """The probe of ``route``'s scope answered (or failed): let the waiters go.
+
+        ``learned=False``: the answer taught nothing (no rate-limit headers), so the
+        scope stays unknown and the next caller to ask :meth:`role` probes alone again.
+        """
         key = route.provider_scope
         with self._lock:
-            self._done.add(key)
+            if learned:
+                self._done.add(key)
             entry = self._probing.pop(key, None)
         if entry is None:
             return
@@ -74,21 +78,23 @@ class FirstContact:
                 continue
             loop.call_soon_threadsafe(waiter.set)
 
-    def wait(self, route: Route, timeout: float) -> None:
-        """Block until the probe of ``route``'s scope finishes (or ``timeout`` passes)."""
+    def wait(self, route: Route, timeout: float) -> bool:
+        """Block until the probe of ``route``'s scope finishes: False when ``timeout`` passed."""
         with self._lock:
             entry = self._probing.get(route.provider_scope)
-        if entry is not None:
-            entry[0].wait(timeout)
+        return True if entry is None else entry[0].wait(timeout)
 
-    async def await_probe(self, route: Route, timeout: float) -> None:
-        """Await the probe of ``route``'s scope (or ``timeout``)."""
+    async def await_probe(self, route: Route, timeout: float) -> bool:
+        """Await the probe of ``route``'s scope: False when ``timeout`` passed first."""
         loop = asyncio.get_running_loop()
         waiter = asyncio.Event()
         with self._lock:
             entry = self._probing.get(route.provider_scope)
             if entry is None:
-                return
+                return True
             entry[1].append((loop, waiter))
-        with contextlib.suppress(TimeoutError):  # a probe that hangs holds nobody forever
+        try:
             await asyncio.wait_for(waiter.wait(), timeout)
+        except TimeoutError:  # a probe that hangs holds nobody forever
+            return False
+        return True

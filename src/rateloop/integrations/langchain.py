@@ -22,9 +22,11 @@ a limiter it gets the self-learning limiter, and the usage callback teaches
 it what the provider said -- the rate-limit headers of each answer (the
 model must report them: ``ChatOpenAI(include_response_headers=True)``) and
 each refusal (a 429 pauses the scope for the server's minimum).  While the
-route's limits are unknown, the first call goes alone and the others wait
-for its answer (first contact).  The model's own SDK retries are not ours to
-turn off: build it with ``max_retries=0``.  Install with
+route's limits are unknown, one call goes alone and the others wait for its
+answer (first contact); an answer that teaches nothing hands the turn to the
+next call, so calls go one at a time until headers or a refusal state the
+limits.  The model's own SDK retries are not ours to turn off: build it with
+``max_retries=0``.  Install with
 ``pip install 'rateloop[langchain]'``.
 """
 
@@ -118,29 +120,50 @@ class RateLoopRateLimiter(HeldReservations, BaseRateLimiter):
         headers = _headers_of(response)
         if headers is not None:
             learn_from_answer(self.limiter, self.route, headers)
-        elif not self._warned_blind and self._unknown():
+        unknown = self._unknown()
+        # The gate opens (or passes to the next probe) before anything else can raise.
+        self._first_contact.finish(self.route, learned=not unknown)
+        if headers is None and unknown and not self._warned_blind:
             self._warned_blind = True
             warnings.warn(
-                f"calls on the route {self.route.scope} are not limited: no limits are "
+                f"calls on the route {self.route.scope} go one at a time: no limits are "
                 "configured for it and the model's answers carry no rate-limit headers to "
                 "learn them from (ChatOpenAI: include_response_headers=True), so the "
-                "rate limiter admits every call",
+                "rate limiter lets one call probe at a time until a refusal states them",
                 LimitsWarning,
                 stacklevel=2,
             )
-        self._first_contact.finish(self.route)
 
     def refused(self, error: BaseException) -> None:
         """A call failed with ``error``: learn from it (a 429 pauses the scope)."""
         learn_from_refusal(self.limiter, self.route, error, self.clock.now())
-        self._first_contact.finish(self.route)
+        self._first_contact.finish(self.route, learned=not self._unknown())
+
+    def _turn(self, blocking: bool) -> Role | None:
+        """This call's first-contact role once it may go; None: it may not (non-blocking)."""
+        role = self._role()
+        while role == "wait":
+            if not blocking:
+                return None
+            if not self._first_contact.wait(self.route, self.probe_timeout):
+                return "go"  # a probe that hangs holds nobody forever
+            role = self._role()  # the probe taught nothing: one more goes alone
+        return role
+
+    async def _aturn(self, blocking: bool) -> Role | None:
+        role = self._role()
+        while role == "wait":
+            if not blocking:
+                return None
+            if not await self._first_contact.await_probe(self.route, self.probe_timeout):
+                return "go"
+            role = self._role()
+        return role
 
     def acquire(self, *, blocking: bool = True) -> bool:
-        role = self._role()
-        if role == "wait":
-            if not blocking:
-                return False
-            self._first_contact.wait(self.route, self.probe_timeout)
+        role = self._turn(blocking)
+        if role is None:
+            return False
         try:
             if blocking:
                 reservation = self.limiter.reserve(
@@ -157,11 +180,9 @@ class RateLoopRateLimiter(HeldReservations, BaseRateLimiter):
         return False
 
     async def aacquire(self, *, blocking: bool = True) -> bool:
-        role = self._role()
-        if role == "wait":
-            if not blocking:
-                return False
-            await self._first_contact.await_probe(self.route, self.probe_timeout)
+        role = await self._aturn(blocking)
+        if role is None:
+            return False
         try:
             if blocking:
                 reservation = await self.limiter.areserve(
