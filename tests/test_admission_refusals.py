@@ -21,10 +21,10 @@ from _vfleet import run_fleet
 from rateloop import Route
 from rateloop.admission import Limiter, LimitSpec
 from rateloop.loop import RateLoop
-from rateloop.loop.flow import ARRIVAL_SLACK_SECS
 from rateloop.policy import Policy
 from rateloop.signal import Dimension, Kind, LimitSignal, Observed
 from rateloop.testing import FakeClock, FaultScript
+from rateloop.timing.decide import ARRIVAL_SLACK_SECS
 
 MODEL = "openai:fake-model"
 ROUTE = Route(provider="openai", model="fake-model")

@@ -13,11 +13,11 @@ from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
 from rateloop.loop import AsyncRateLoop, RateLoop
-from rateloop.loop.flow import ARRIVAL_SLACK_SECS, BOOK_HORIZON_SECS
 from rateloop.outcome import Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock, FaultScript
+from rateloop.timing.decide import ARRIVAL_SLACK_SECS, BOOK_HORIZON_SECS
 
 OPENAI = "https://api.openai.com/v1/chat/completions"
 ROUTE = Route(provider="openai", model="gpt-5", project="p1")

@@ -65,6 +65,17 @@ def test_call_misuse_is_a_clear_type_error(
             asyncio.run(result)
 
 
+@pytest.mark.parametrize("bad", ["urgent", ["interactive"], 1, None])
+def test_a_bad_priority_names_the_value_and_what_is_allowed(twin: Any, bad: object) -> None:
+    loop = twin(clock=FakeClock(), sinks=[])
+    allowed = "'safety', 'interactive', 'scheduled', 'background'"
+    says = f"priority must be one of {allowed}, got {bad!r}"
+    with pytest.raises(ValueError, match=re.escape(says)):
+        result = loop.call(FaultScript(["x"]), route=A, priority=bad)
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+
+
 def test_a_dict_cost_is_accepted(twin: Any) -> None:
     limiter = Limiter(limits={"openai:gpt-5": LimitSpec(input_tokens_per_minute=100)})
     loop = twin(clock=FakeClock(), sinks=[], limiter=limiter)

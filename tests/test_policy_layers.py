@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,10 @@ def test_locked_change_is_ignored_and_reported(caplog: pytest.LogCaptureFixture)
     records = [r for r in caplog.records if r.name == "rateloop.policy"]
     assert len(records) == 1
     assert "max_attempts = 50" in records[0].getMessage()
+    # a real Warning, which survives pickling and copying like any other
+    (warning,) = p.warnings
+    assert isinstance(warning, UserWarning)
+    assert pickle.loads(pickle.dumps(warning)) == warning == copy.deepcopy(warning)
 
 
 def test_lock_applies_only_to_later_layers() -> None:

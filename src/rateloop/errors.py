@@ -158,6 +158,10 @@ class PolicyWarning(UserWarning):
     def _key(self) -> tuple[Any, ...]:
         return (self.path, self.layer, self.attempted_value, self.kept_value, self.locked_by)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles from ``args``; this one is built from keywords.
+        return (_policy_warning, self._key())
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PolicyWarning):
             return NotImplemented
@@ -179,3 +183,16 @@ class PolicyWarning(UserWarning):
             f"attempted_value={self.attempted_value!r}, kept_value={self.kept_value!r}, "
             f"locked_by={self.locked_by!r})"
         )
+
+
+def _policy_warning(
+    path: str, layer: str, attempted_value: Any, kept_value: Any, locked_by: str
+) -> PolicyWarning:
+    """Rebuild a :class:`PolicyWarning` (pickle, copy)."""
+    return PolicyWarning(
+        path=path,
+        layer=layer,
+        attempted_value=attempted_value,
+        kept_value=kept_value,
+        locked_by=locked_by,
+    )

@@ -273,9 +273,10 @@ class Limiter:
     ) -> Reservation | Denied:
         """``try_reserve(route, cost, priority=priority, book_within=within)``, positionally.
 
-        For the loop, whose limiter effects pass positional arguments.  A
-        subclass whose ``try_reserve`` predates ``book_within`` is asked
-        without it (no booking) rather than given an argument it rejects.
+        What the loop's :class:`~rateloop.loop.effects.Book` effect calls.  A
+        subclass whose ``try_reserve`` predates ``book_within`` (a user's
+        recording or wrapping limiter) is asked without it (no booking) rather
+        than given an argument it rejects.
         """
         if _books(type(self).try_reserve):
             return self.try_reserve(route, cost, priority=priority, book_within=within)

@@ -89,7 +89,7 @@ def park_agent_step(
         "command": list(command), "agent": agent, "model": model, "timeout": timeout,
         "label": label, "cwd": cwd if cwd is not None else os.getcwd(),
     }
-    rec = runner._record(
+    rec = runner.new_record(
         agent_step_task, args, task_id=None, priority=priority, deadline=deadline,
         not_before=max(due, now), idempotency_key=None,
     )

@@ -14,7 +14,7 @@ place the twins differ):
   provider reports (to settle the reservation when the stream closes) and for
   an error event inside a ``200`` stream (Anthropic's ``overloaded_error``,
   OpenAI's ``{"error": …}``), which it turns into a classified
-  :class:`~rateloop.integrations._errors.StreamInterrupted`.
+  :class:`~rateloop.integrations._stream.StreamInterrupted`.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@
 - :mod:`~rateloop.loop.args` — the argument checks and the limiter contract.
 - :mod:`~rateloop.loop.drivers` — :class:`RateLoop` (blocking) and :class:`AsyncRateLoop`,
   which perform the effects by type.
+- :mod:`~rateloop.loop.sdk_count` — the requests an SDK sent inside one attempt (the
+  attempt ledger's SDK layer).
 """
 
 from __future__ import annotations

@@ -215,10 +215,10 @@ def check_keep_reservation(hook: object) -> None:
 def check_run(run_budget: object, run_id: object) -> None:
     if run_budget is not None and not isinstance(run_budget, RunBudget):
         raise TypeError(
-            f"run_budget must be a rateloop.timing.budget.RunBudget, got {_name(run_budget)}; "
+            f"run_budget must be a rateloop.RunBudget, got {_name(run_budget)}; "
             f"e.g. run_budget=RunBudget({run_budget!r})"
             if isinstance(run_budget, int)
-            else f"run_budget must be a rateloop.timing.budget.RunBudget, got {_name(run_budget)}"
+            else f"run_budget must be a rateloop.RunBudget, got {_name(run_budget)}"
         )
     if run_id is not None and not isinstance(run_id, str):
         raise TypeError(f"run_id must be a string, got {_name(run_id)} {run_id!r}")
@@ -269,7 +269,7 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
     if not isinstance(route, Route):
         raise TypeError(f"route must be a rateloop.Route, got {route!r}")
     priority = options.get("priority", Priority.INTERACTIVE)
-    if priority not in _PRIORITIES:
+    if not isinstance(priority, str) or priority not in _PRIORITIES:
         allowed = ", ".join(repr(p.value) for p in Priority)
         raise ValueError(f"priority must be one of {allowed}, got {priority!r}")
     deadline = options.get("deadline")

@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied
-from rateloop.loop.args import CallSpec, Classifier
+from rateloop.loop.args import CallSpec
 from rateloop.loop.base import _LoopConfig
 from rateloop.loop.effects import (
     Book,
@@ -64,7 +64,6 @@ from rateloop.signal import Kind, LimitSignal
 from rateloop.timing.budget import CallBudget
 from rateloop.timing.decide import (
     ARRIVAL_SLACK_SECS,
-    BOOK_HORIZON_SECS,
     Decision,
     FallBack,
     Proceed,
@@ -86,8 +85,7 @@ from rateloop.timing.state import (
 )
 from rateloop.timing.writes import is_ambiguous_failure, normalize_write_outcome
 
-# Re-exported: older imports name them here.
-__all__ = ["ARRIVAL_SLACK_SECS", "BOOK_HORIZON_SECS", "Classifier"]
+__all__: list[str] = []  # the drivers use _BaseRateLoop; nothing here is public
 
 R = TypeVar("R")
 _Flow = Generator[Effect, Any, R]

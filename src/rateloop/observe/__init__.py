@@ -5,8 +5,8 @@
   loop (extras ``otel`` and ``prometheus``, imported lazily from here);
   :class:`~rateloop.observe.redis_events.RedisEventSink` shares the events
   with the dashboard through Redis.
-- :func:`~rateloop.observe.state.read_state`: every scope's headroom, pause
-  and AIMD factor, read from the limiter's Redis (``rateloop status``).
+- :class:`~rateloop.observe.redis_state.RedisStateReader`: every scope's headroom,
+  pause and AIMD factor, read from the limiter's Redis (``rateloop status``).
 - :mod:`rateloop.observe.dashboard`: the read-only local status page
   (``rateloop dashboard``).
 """

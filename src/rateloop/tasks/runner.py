@@ -91,7 +91,7 @@ class _BaseRunner:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, worker_id={self.worker_id!r})"
 
-    def _record(
+    def new_record(
         self,
         t: Task | str,
         args: Mapping[str, Any] | None,
@@ -102,6 +102,7 @@ class _BaseRunner:
         not_before: datetime | float | None,
         idempotency_key: str | None,
     ) -> TaskRecord:
+        """A checked, unsaved record of ``t`` with ``args``: what ``submit`` saves."""
         definition = self.tasks.get(t) if isinstance(t, str) else t
         if definition is None:
             known = ", ".join(self.tasks.names()) or "none"
@@ -190,7 +191,7 @@ class TaskRunner(_BaseRunner):
         idempotency_key: str | None = None,
     ) -> TaskRecord:
         """Queue a task; the record comes back ``queued`` or ``rejected`` (with the reason)."""
-        rec = self._record(
+        rec = self.new_record(
             t, args, task_id=task_id, priority=priority, deadline=deadline,
             not_before=not_before, idempotency_key=idempotency_key,
         )
@@ -306,7 +307,7 @@ class AsyncTaskRunner(_BaseRunner):
         idempotency_key: str | None = None,
     ) -> TaskRecord:
         """Queue a task; see :meth:`TaskRunner.submit`."""
-        rec = self._record(
+        rec = self.new_record(
             t, args, task_id=task_id, priority=priority, deadline=deadline,
             not_before=not_before, idempotency_key=idempotency_key,
         )
