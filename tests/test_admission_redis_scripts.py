@@ -1,4 +1,4 @@
-"""The Redis admission scripts generated per plan shape (``admission/backends/scripts.py`` + ``admit.lua``).
+"""The Redis admission scripts generated per plan shape (``backends/scripts.py`` + ``admit.lua``).
 
 The conformance suites run the common plans on Redis; these tests cover what
 is particular to generating one script per shape: the widest plan a route can
