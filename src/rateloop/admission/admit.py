@@ -41,7 +41,7 @@ from rateloop.admission.runner import NEVER, BackendRunner, Do, Done, Flow, Slee
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import clamp_wait
 
-__all__ = ["MAX_BOOK_SECONDS", "MIN_RETRY_AFTER", "Admissions"]
+__all__ = ["MAX_BOOK_SECONDS", "MIN_RETRY_AFTER", "Admissions", "booked"]
 
 #: A denial's ``retry_after`` is at least this long (seconds).
 MIN_RETRY_AFTER = 0.001
@@ -90,7 +90,13 @@ class Admissions:
 
     def refresh_op(self, route: Route, priority: str | Priority) -> LearnedOp | None:
         """On a shared backend: the read of what other processes learned, when due."""
+        if not self._known.shared:
+            return None
         return self._known.refresh_op(route, priority, self._clock.monotonic())
+
+    def adopt(self, done: Done) -> None:
+        """Take what other processes learned (what running :meth:`refresh_op` returned)."""
+        self._known.adopt(done[0])
 
     def admit_op(self, route: Route, cost: Cost, priority: str | Priority) -> AdmitOp | Denied:
         """First half of an admission: the operation to run, or a denial needing none.
@@ -155,14 +161,12 @@ class Admissions:
         deadline: float | None = None,
         book: float = 0.0,
     ) -> Flow[Reservation | Denied]:
-        if self._known.shared and (refresh := self.refresh_op(route, priority)) is not None:
-            self._known.adopt((yield Do(refresh, deadline=deadline))[0])
+        if (refresh := self.refresh_op(route, priority)) is not None:
+            self.adopt((yield Do(refresh, deadline=deadline)))
         op = self.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
-        if book and op.plan.bookable:
-            op = op._replace(book=book)
-        done = yield Do(op, deadline=deadline)
+        done = yield Do(booked(op, book), deadline=deadline)
         return self.admit_outcome(route, cost, done)
 
     def _never_fits(self, check: Check, amount: float) -> Denied:
@@ -224,3 +228,8 @@ class Admissions:
                     retry_at=self._clock.now() + timedelta(seconds=wait),
                 )
             yield Sleep(wait)
+
+
+def booked(op: AdmitOp, book: float) -> AdmitOp:
+    """``op`` booked up to ``book`` seconds ahead, where its plan allows a booking."""
+    return op._replace(book=book) if book and op.plan.bookable else op

@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 
 from rateloop._clock import Clock, system_clock
-from rateloop.admission.admit import MAX_BOOK_SECONDS, MIN_RETRY_AFTER, Admissions
+from rateloop.admission.admit import MAX_BOOK_SECONDS, MIN_RETRY_AFTER, Admissions, booked
 from rateloop.admission.backends import Backend, MemoryBackend, backend_from_url
 from rateloop.admission.feedback import Feedback
 from rateloop.admission.gcra import AIMD
@@ -241,13 +241,13 @@ class Limiter:
         around one step, without a generator, because it is the hottest path.
         """
         admissions = self._admissions
-        if self._known.shared and (refresh := admissions.refresh_op(route, priority)) is not None:
-            self._known.adopt(self._runner.execute(refresh)[0])
+        if (refresh := admissions.refresh_op(route, priority)) is not None:
+            admissions.adopt(self._runner.execute(refresh))
         op = admissions.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
-        if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
-            op = op._replace(book=book)
+        if book_within is not None:
+            op = booked(op, _book_seconds(book_within))
         return admissions.admit_outcome(route, cost, self._runner.execute(op))
 
     async def atry_reserve(
@@ -259,13 +259,13 @@ class Limiter:
         book_within: float | None = None,
     ) -> Reservation | Denied:
         admissions = self._admissions
-        if self._known.shared and (refresh := admissions.refresh_op(route, priority)) is not None:
-            self._known.adopt((await self._runner.aexecute(refresh))[0])
+        if (refresh := admissions.refresh_op(route, priority)) is not None:
+            admissions.adopt(await self._runner.aexecute(refresh))
         op = admissions.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
-        if book_within is not None and (book := _book_seconds(book_within)) and op.plan.bookable:
-            op = op._replace(book=book)
+        if book_within is not None:
+            op = booked(op, _book_seconds(book_within))
         return admissions.admit_outcome(route, cost, await self._runner.aexecute(op))
 
     def try_book(
