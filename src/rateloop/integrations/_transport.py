@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rateloop._clock import Clock
+from rateloop._clock import Clock, system_clock
 from rateloop.classify import classify_exception
 from rateloop.errors import RateLimitExhausted
 from rateloop.integrations._assemble import admission
@@ -388,11 +388,12 @@ class TransportBase:
         else:
             # Every door's defaults (the self-learning limiter) come from one builder.
             parts = admission(policy=policy, limiter=limiter, clock=clock)
-            built = driver(
-                transport_policy(parts.policy), limiter=parts.limiter, clock=clock, sinks=sinks
-            )
-            self.loop = built.replace(
-                classify=self._classifier(None, built.clock),
+            self.loop = driver(
+                transport_policy(parts.policy),
+                limiter=parts.limiter,
+                clock=clock,
+                sinks=sinks,
+                classify=self._classifier(None, clock if clock is not None else system_clock),
                 keep_reservation=_keeps_stream,
             )
 

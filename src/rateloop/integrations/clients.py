@@ -60,7 +60,7 @@ def _faces(package: str) -> ModuleType:
     raise ValueError(f"package must be 'httpx2' or 'httpx', got {package!r}")
 
 
-def http_module(prefer: str | None = None) -> tuple[Any, Any]:
+def _http_module(prefer: str | None = None) -> tuple[Any, Any]:
     """(the httpx-like module, its rateloop transport module): ``prefer``, else httpx2 first."""
     order = [prefer] if prefer else ["httpx2", "httpx"]
     for name in order:
@@ -99,7 +99,7 @@ def rateloop_transport(
     :func:`~rateloop.integrations._assemble.admission`, so without ``limiter`` /
     ``loop`` it gets the self-learning limiter.
     """
-    hx, faces = http_module(package)
+    hx, faces = _http_module(package)
     limits = hx.Limits(**_POOL)
     if is_async:
         return faces.AsyncRateLoopTransport(
@@ -111,12 +111,12 @@ def rateloop_transport(
     )
 
 
-def ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str, Any]) -> Any:
+def _ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str, Any]) -> Any:
     """``module.cls(**kwargs)`` with its retries off and the RATE-loop transport inside."""
     ours = take_loop_options(kwargs)
     sdk = need(module, module)
     factory, package = _sdk_http(sdk, is_async)
-    hx, _ = http_module(package)
+    hx, _ = _http_module(package)
     inner = rateloop_transport(is_async=is_async, package=hx.__name__, **ours)
     if factory is None:
         factory = hx.AsyncClient if is_async else hx.Client
@@ -124,28 +124,24 @@ def ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str,
     return getattr(sdk, cls)(max_retries=SDK_RETRIES, http_client=http_client, **kwargs)
 
 
-def _sdk_client(module: str, cls: str, is_async: bool, kwargs: dict[str, Any]) -> Any:
-    return ready_sdk_client(module, cls, is_async=is_async, kwargs=kwargs)
-
-
 def openai_client(**kwargs: Any) -> Any:
     """``openai.OpenAI(**kwargs)`` with its retries off and the RATE loop inside."""
-    return _sdk_client("openai", "OpenAI", False, kwargs)
+    return _ready_sdk_client("openai", "OpenAI", is_async=False, kwargs=kwargs)
 
 
 def async_openai_client(**kwargs: Any) -> Any:
     """``openai.AsyncOpenAI(**kwargs)`` with its retries off and the async RATE loop inside."""
-    return _sdk_client("openai", "AsyncOpenAI", True, kwargs)
+    return _ready_sdk_client("openai", "AsyncOpenAI", is_async=True, kwargs=kwargs)
 
 
 def anthropic_client(**kwargs: Any) -> Any:
     """``anthropic.Anthropic(**kwargs)`` with its retries off and the RATE loop inside."""
-    return _sdk_client("anthropic", "Anthropic", False, kwargs)
+    return _ready_sdk_client("anthropic", "Anthropic", is_async=False, kwargs=kwargs)
 
 
 def async_anthropic_client(**kwargs: Any) -> Any:
     """``anthropic.AsyncAnthropic(**kwargs)`` with retries off and the async RATE loop inside."""
-    return _sdk_client("anthropic", "AsyncAnthropic", True, kwargs)
+    return _ready_sdk_client("anthropic", "AsyncAnthropic", is_async=True, kwargs=kwargs)
 
 
 def genai_client(**kwargs: Any) -> Any:
@@ -158,7 +154,7 @@ def genai_client(**kwargs: Any) -> Any:
     ours = take_loop_options(kwargs)
     genai = need("google.genai", "google")
     types = need("google.genai.types", "google")
-    hx, _ = http_module()
+    hx, _ = _http_module()
     options = kwargs.pop("http_options", None)
     if options is None:
         options = types.HttpOptions()

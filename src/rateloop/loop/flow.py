@@ -239,9 +239,13 @@ class _Run:
         try:
             return (yield effect)
         except BaseException:
-            if reservation is not None:
-                yield Release(reservation)
+            yield from self.release(reservation)
             raise
+
+    def release(self, reservation: Any) -> _Flow[None]:
+        """Give ``reservation`` back (None: there is none, without a limiter)."""
+        if reservation is not None:
+            yield Release(reservation)
 
     # -- 2. attempt --------------------------------------------------------------------
 
@@ -249,8 +253,7 @@ class _Run:
         """Call ``fn`` on ``route`` and read what came back."""
         state, report = self.state, self.report
         if not start_attempt(state):  # another call of the run took the last one
-            if reservation is not None:
-                yield Release(reservation)
+            yield from self.release(reservation)
             return report.finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
         report.ledger.record_loop()
         result: Returned | Raised = yield from self.holding(reservation, Call(route))
@@ -265,8 +268,7 @@ class _Run:
         try:
             signal = self.loop._signal_of(result)
         except Exception:
-            if reservation is not None:
-                yield Release(reservation)
+            yield from self.release(reservation)
             raise
         report.signal = signal
         return _Attempted(result, signal, self.clock.monotonic())
