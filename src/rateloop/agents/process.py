@@ -5,8 +5,8 @@ so it leads its own process group and everything it spawns (node workers,
 MCP servers, shells) is in that group.  Its stdout goes to a file the caller
 owns (one per attempt, so a failed attempt's output never mixes into the
 result and a large output never sits in a pipe).  Its stderr is a pipe read
-by a thread that forwards every chunk to our stderr as it arrives and keeps
-the last :data:`STDERR_TAIL_BYTES` for classification.
+by a thread that forwards every chunk to our stderr as it arrives, byte for
+byte, and keeps the last :data:`STDERR_TAIL_BYTES` for classification.
 
 When an attempt outlives its timeout the whole group gets SIGTERM, then,
 after a grace period, SIGKILL (which also reaches grandchildren that ignore
@@ -64,11 +64,19 @@ class ProcessResult:
 
 
 class _StderrTee:
-    """Forward a pipe to a text stream chunk by chunk, keeping the tail."""
+    """Forward a pipe to a stream chunk by chunk, keeping the tail.
+
+    The agent's bytes go unchanged into the stream's binary ``buffer`` when
+    it has one (``sys.stderr``, a file): its stderr passes through exactly,
+    whatever the encoding.  A text-only stream (``io.StringIO``) cannot hold
+    bytes; it gets them decoded as UTF-8, an invalid byte replaced by U+FFFD.
+    """
 
     def __init__(self, pipe: IO[bytes], sink: TextIO | None) -> None:
         self._pipe = pipe
         self._sink = sink
+        self._raw = _binary_layer(sink)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._tail = bytearray()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._pump, name="rateloop-stderr", daemon=True)
@@ -77,7 +85,6 @@ class _StderrTee:
         self._thread.start()
 
     def _pump(self) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         fd = self._pipe.fileno()
         while True:
             try:
@@ -89,15 +96,24 @@ class _StderrTee:
             with self._lock:
                 self._tail += chunk
                 del self._tail[:-STDERR_TAIL_BYTES]
-            self._forward(decoder.decode(chunk))
-        self._forward(decoder.decode(b"", final=True))
+            self._forward(chunk)
+        self._forward(b"", final=True)
 
-    def _forward(self, text: str) -> None:
-        if not text or self._sink is None:
+    def _forward(self, chunk: bytes, *, final: bool = False) -> None:
+        sink = self._sink
+        if sink is None:
             return
         try:
-            self._sink.write(text)
-            self._sink.flush()
+            if self._raw is not None:
+                if chunk:
+                    sink.flush()  # what we wrote as text before goes out first
+                    self._raw.write(chunk)
+                    self._raw.flush()
+                return
+            text = self._decoder.decode(chunk, final=final)
+            if text:
+                sink.write(text)
+                sink.flush()
         except (OSError, ValueError):
             # Our own stderr went away (closed pipe): keep draining the child so it
             # never blocks on a full pipe, but stop forwarding.
@@ -109,6 +125,12 @@ class _StderrTee:
             self._pipe.close()
         with self._lock:
             return bytes(self._tail)
+
+
+def _binary_layer(sink: TextIO | None) -> IO[bytes] | None:
+    """The binary stream under a text stream (``TextIOWrapper.buffer``), or None."""
+    raw = getattr(sink, "buffer", None)
+    return raw if callable(getattr(raw, "write", None)) else None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
