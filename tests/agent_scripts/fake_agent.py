@@ -17,7 +17,8 @@ Environment:
   ``record_pid`` (write this process's own pid to ``FAKE_AGENT_PIDS`` first), ``message`` (codex:
   text for the ``--output-last-message`` file) or ``message_bytes`` (codex:
   that many bytes of ``x``), ``message_raw_hex`` (codex: raw bytes, hex),
-  ``echo_stdin`` (copy stdin to stdout), ``wait_for_file`` (after printing,
+  ``echo_stdin`` (copy stdin to stdout), ``stdout_hex`` / ``stderr_hex`` (raw bytes, hex,
+  written after ``stdout`` / ``stderr``), ``wait_for_file`` (after printing,
   wait up to 10 s for that file to exist; exit 3 if it never does).
 - ``FAKE_AGENT_CALLS``: a file; each run appends its argv as one JSON line.
 """
@@ -99,6 +100,12 @@ def main() -> int:
     if "stderr" in step:
         sys.stderr.write(step["stderr"])
         sys.stderr.flush()
+    if "stdout_hex" in step:
+        sys.stdout.buffer.write(bytes.fromhex(step["stdout_hex"]))
+        sys.stdout.buffer.flush()
+    if "stderr_hex" in step:
+        sys.stderr.buffer.write(bytes.fromhex(step["stderr_hex"]))
+        sys.stderr.buffer.flush()
     if step.get("echo_stdin"):
         sys.stdout.write(sys.stdin.read())
         sys.stdout.flush()

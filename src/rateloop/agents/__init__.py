@@ -13,7 +13,7 @@ from rateloop.agents.excerpt import OutputExcerpt
 from rateloop.agents.runner import exit_code_for, run_step
 from rateloop.agents.settings import AgentSettings, SettingsLayer, resolve_settings
 from rateloop.agents.signals import StepInterrupted, stop_on_signals
-from rateloop.agents.step import StepFailure
+from rateloop.agents.step import StepFailure, StepOutput
 
 __all__ = [
     "Agent",
@@ -22,6 +22,7 @@ __all__ = [
     "SettingsLayer",
     "StepFailure",
     "StepInterrupted",
+    "StepOutput",
     "exit_code_for",
     "infer_agent",
     "resolve_settings",

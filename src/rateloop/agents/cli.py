@@ -29,6 +29,7 @@ from rateloop.agents.settings import (
     resolve_settings,
 )
 from rateloop.agents.signals import StepInterrupted, stop_on_signals
+from rateloop.agents.step import StepOutput
 from rateloop.errors import ConfigError
 
 __all__ = ["EXIT_USAGE", "register"]
@@ -275,6 +276,14 @@ def run_command(
             model=model, timeout=timeout, label=label,
         ))
     if outcome.ok and isinstance(outcome.value, str):
-        sys.stdout.write(outcome.value)
-        sys.stdout.flush()
+        _print_result(outcome.value)
     raise typer.Exit(exit_code_for(outcome))
+
+
+def _print_result(value: str) -> None:
+    """The step's result on stdout, the agent's own bytes unchanged (never re-encoded)."""
+    data = value.data if isinstance(value, StepOutput) else value.encode("utf-8")
+    out = sys.stdout
+    out.flush()
+    out.buffer.write(data)
+    out.buffer.flush()

@@ -48,6 +48,7 @@ from rateloop.agents.step import (
     Retry,
     StepFailure,
     StepLoop,
+    StepOutput,
     WaitForReset,
 )
 from rateloop.classify import classify_text
@@ -82,8 +83,9 @@ def run_step(
     """Run ``command`` (an agent CLI step) with rate-limit-safe retries.
 
     Returns an :class:`~rateloop.outcome.Outcome`: on success ``value`` is
-    the result text (the winning attempt's stdout; codex's final message)
-    and ``status`` is ``completed``, or ``degraded`` when it finished on the
+    the result, a :class:`~rateloop.agents.step.StepOutput` (the winning
+    attempt's stdout; codex's final message): a ``str`` whose ``data`` holds
+    the exact bytes; ``status`` is ``completed``, or ``degraded`` when it finished on the
     ``--model auto`` fallback.  On failure ``value`` is a
     :class:`~rateloop.agents.step.StepFailure` (its ``exit_code`` is what
     ``rateloop run`` exits with).  ``attempts.loop`` counts executions.
@@ -92,7 +94,9 @@ def run_step(
     over ``os.environ``); ``timeout`` bounds each attempt, in seconds;
     ``input`` is fed to every attempt's stdin (default: empty); banners,
     the child's stderr and the final error go to ``stderr`` (default:
-    ``sys.stderr``).  Waits go through ``clock`` (default: the system clock).
+    ``sys.stderr``): the child's bytes unchanged into its binary ``buffer``
+    when it has one, decoded (invalid bytes replaced) into a text-only
+    stream such as :class:`io.StringIO`.  Waits go through ``clock`` (default: the system clock).
     Each decision after a rate limit (wait, retry, fallback, stop, success
     after a retry) is a :class:`~rateloop.outcome.events.CapacityEvent`, sent to
     ``sinks`` and kept in ``Outcome.events``; events name the step by its
@@ -193,8 +197,8 @@ def run_step(
                 wait_until(clock, decision.until, stream)
                 number += 1
                 continue
-            if user_codex_path and isinstance(decision.value, str):
-                Path(user_codex_path).write_text(decision.value, encoding="utf-8")
+            if user_codex_path and isinstance(decision.value, StepOutput):
+                Path(user_codex_path).write_bytes(decision.value.data)
             if number > 1 or not decision.status.succeeded:
                 events.emit(
                     DecisionKind.SUCCESS_AFTER_RETRY
@@ -273,7 +277,7 @@ def _attempt(
             kill_grace=kill_grace,
         )
         stdout_tail = _tail(out, CLASSIFY_TAIL_BYTES)
-        result: str | None = None
+        result: StepOutput | None = None
         error: str | None = None
         if proc.returncode == 0 and not proc.timed_out:
             if codex_path is not None:
@@ -322,15 +326,15 @@ def _too_big(what: str, size: int, limit: int) -> str:
     )
 
 
-def _read_stdout(f: IO[bytes], limit: int) -> tuple[str | None, str | None]:
+def _read_stdout(f: IO[bytes], limit: int) -> tuple[StepOutput | None, str | None]:
     size = _size(f)
     if size > limit:
         return None, _too_big("its stdout", size, limit)
     f.seek(0)
-    return f.read().decode("utf-8", "replace"), None
+    return StepOutput(f.read()), None
 
 
-def _read_codex_message(path: Path, limit: int) -> tuple[str | None, str | None]:
+def _read_codex_message(path: Path, limit: int) -> tuple[StepOutput | None, str | None]:
     """Codex's final message: a non-empty UTF-8 file within ``limit`` bytes."""
     try:
         size = path.stat().st_size
@@ -345,7 +349,7 @@ def _read_codex_message(path: Path, limit: int) -> tuple[str | None, str | None]
         return None, f"codex's final message is not valid UTF-8 (byte {exc.start})"
     if not text.strip():
         return None, "codex's final message is empty"
-    return text, None
+    return StepOutput(data), None
 
 
 def _classify(report: AttemptReport, output: str, clock: Clock) -> LimitSignal | None:

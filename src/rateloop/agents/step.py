@@ -56,6 +56,7 @@ __all__ = [
     "Retry",
     "StepFailure",
     "StepLoop",
+    "StepOutput",
     "WaitForReset",
 ]
 
@@ -89,13 +90,42 @@ class AttemptPlan:
     fallback: bool = False
 
 
+class StepOutput(str):
+    """The result of a successful step: text, with the agent's exact bytes in :attr:`data`.
+
+    It is a ``str`` — the output decoded as UTF-8, an invalid byte shown as
+    U+FFFD, as before — so code that treats the result as text keeps
+    working (and a task store can keep it as text).  :attr:`data` is what the
+    agent wrote, byte for byte; ``rateloop run`` prints that.  Like any
+    ``str``, it compares by its text.
+    """
+
+    # A str subclass cannot have __slots__ with fields; the bytes live in the instance dict.
+    _data: bytes
+
+    def __new__(cls, data: bytes) -> StepOutput:
+        self = super().__new__(cls, data.decode("utf-8", "replace"))
+        self._data = bytes(data)
+        return self
+
+    @property
+    def data(self) -> bytes:
+        """The output exactly as the agent wrote it."""
+        return self._data
+
+    def __reduce__(self) -> tuple[type[StepOutput], tuple[bytes]]:
+        # Pickle and copy rebuild from the bytes (str's own reduce would pass the text).
+        return (StepOutput, (self._data,))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptReport:
     """What the driver saw when one attempt ended.
 
     ``exit_code`` is the child's return code (negative: killed by that
-    signal).  ``result`` is the attempt's result text when it exited 0 and
-    the result was usable; ``result_error`` says why it was not.
+    signal).  ``result`` is the attempt's result (the runner passes a
+    :class:`StepOutput`) when it exited 0 and the result was usable;
+    ``result_error`` says why it was not.
     ``start_error`` is set when the command could not be started at all.
     ``stdout_tail`` and ``stderr_tail`` are the ends of the attempt's own
     output (decoded), shown when the step fails.
@@ -155,7 +185,7 @@ class StepFailure:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finish:
-    """The step is over.  ``value`` is the result text on success, else a :class:`StepFailure`."""
+    """The step is over.  ``value`` is the result on success, else a :class:`StepFailure`."""
 
     status: Status
     reason: str
