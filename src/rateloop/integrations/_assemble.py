@@ -46,6 +46,7 @@ from typing import Any
 from rateloop._clock import Clock
 from rateloop.admission import Limiter
 from rateloop.classify import classify_exception
+from rateloop.integrations._ready import HTTP_CLIENT_REFUSED
 from rateloop.loop.args import check_policy
 from rateloop.loop.effects import pause_until
 from rateloop.loop.sdk_count import acount_request, count_request
@@ -129,11 +130,7 @@ def take_loop_options(kwargs: MutableMapping[str, Any]) -> dict[str, Any]:
     """
     for name in ("max_retries", "http_client"):
         if name in kwargs:
-            raise TypeError(
-                f"{name}= is set by the rateloop client helpers (the RATE loop owns retries "
-                "and sends through its transport); build the SDK client yourself with "
-                "rateloop.integrations.clients.rateloop_transport() to customise it"
-            )
+            raise TypeError(f"{name}= {HTTP_CLIENT_REFUSED}")
     ours = {name: kwargs.pop(name) for name in LOOP_OPTIONS if name in kwargs}
     if ours.get("loop") is None:
         resolved = admission(
