@@ -204,3 +204,109 @@ def test_an_unreachable_redis_is_backend_unreachable_through_every_sdk(door: Doo
     assert "redis-server" in message and "on_unreachable='local'" in message
     # The Redis client's own error is kept as the cause.
     assert type(caught.value.__cause__).__module__.startswith("redis")
+
+
+# --- item 9: a connection that never opened ---------------------------------------------
+
+
+def _chain(error: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+@by_door
+def test_a_refused_connection_to_a_host_never_answered_fails_fast(door: Door) -> None:
+    clock = FakeClock()
+    client = door.client(f"http://127.0.0.1:{closed_port()}", clock=clock)
+    with pytest.raises(door.sdk.APIConnectionError) as caught:
+        door.run(client)
+    # The original error is kept: the SDK's connection error, from the refused connect.
+    refused = [e for e in _chain(caught.value) if isinstance(e, httpx2.ConnectError)]
+    assert refused, _chain(caught.value)
+    outcome = refused[0].rateloop_outcome  # type: ignore[attr-defined]
+    assert outcome.attempts.loop == 1
+    assert "has not answered in this process" in outcome.reason
+    assert clock.sleeps == []  # no backoff was even planned
+
+
+def test_a_refused_connection_fails_within_two_seconds_on_the_real_clock() -> None:
+    client = rateloop.openai_client(
+        base_url=f"http://127.0.0.1:{closed_port()}/v1", api_key="sk-test"
+    )
+    elapsed, error = timed(lambda: _openai_call(client))
+    client.close()
+    assert isinstance(error, openai.APIConnectionError)
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_the_transport_raises_the_original_connect_error_at_once(is_async: bool) -> None:
+    from rateloop.integrations.httpx2 import AsyncRateLoopTransport, RateLoopTransport
+
+    clock = FakeClock()
+    url = f"http://127.0.0.1:{closed_port()}/v1/chat/completions"
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+
+    async def send_async() -> Any:
+        async with httpx2.AsyncClient(transport=AsyncRateLoopTransport(clock=clock)) as http:
+            return await http.post(url, json=body)
+
+    def send() -> Any:
+        if is_async:
+            return asyncio.run(send_async())
+        with httpx2.Client(transport=RateLoopTransport(clock=clock)) as http:
+            return http.post(url, json=body)
+
+    elapsed, error = timed(send)
+    assert isinstance(error, httpx2.ConnectError)
+    assert error.rateloop_outcome.attempts.loop == 1  # type: ignore[attr-defined]
+    assert clock.sleeps == [] and elapsed < 2.0
+
+
+@by_door
+def test_a_host_that_answered_before_is_retried_when_it_refuses(door: Door) -> None:
+    clock = FakeClock()
+    server = FakeProviderServer(FakeProvider()).start()
+    client = door.client(server.url, clock=clock)
+    door_call_ok = door.run(client)  # the host answers once
+    assert door_call_ok is not None
+    server.stop()  # now its port refuses connections
+    client = door.client(server.url, clock=clock)
+    with pytest.raises(door.sdk.APIConnectionError) as caught:
+        door.run(client)
+    refused = [e for e in _chain(caught.value) if isinstance(e, httpx2.ConnectError)]
+    outcome = refused[0].rateloop_outcome  # type: ignore[attr-defined]
+    # The transport's error bound, with the backoff between the attempts.
+    assert outcome.attempts.loop == 5
+    assert len(clock.sleeps) == 4
+
+
+def _refused(port: int) -> Callable[[rateloop.Route], str]:
+    def connect(route: rateloop.Route) -> str:
+        socket.create_connection(("127.0.0.1", port), timeout=2.0).close()
+        return "answered"
+
+    return connect
+
+
+def test_rateloop_call_with_plain_exceptions_fails_fast_then_retries_once_answered() -> None:
+    clock = FakeClock()
+    loop = rateloop.RateLoop(Policy(max_error_attempts=3), clock=clock)
+    # A route no call of this process has used: its endpoint has not answered.
+    route = rateloop.Route(provider="local", model="m", project=f"p{closed_port()}")
+    port = closed_port()
+    outcome = loop.call(_refused(port), route=route)
+    assert outcome.status is rateloop.Status.FAILED_RETRY_EXHAUSTED
+    assert isinstance(outcome.error, ConnectionRefusedError)
+    assert outcome.attempts.loop == 1 and clock.sleeps == []
+
+    with socket.socket() as listening:  # the endpoint answers once...
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert loop.call(_refused(listening.getsockname()[1]), route=route).ok
+    outcome = loop.call(_refused(port), route=route)  # ...so its refusal is now weather
+    assert isinstance(outcome.error, ConnectionRefusedError)
+    assert outcome.attempts.loop == 3 and len(clock.sleeps) == 2
