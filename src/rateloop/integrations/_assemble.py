@@ -16,7 +16,8 @@ the doors cannot differ.  The defaults, for a door given nothing:
 - **The SDK's retries off** (:data:`SDK_RETRIES`): every SDK client built
   here gets ``max_retries=0``, since stacked retries multiply and the loop
   owns them; a ready client refuses ``max_retries=`` and ``http_client=``
-  with the reason (:func:`take_loop_options`).
+  with the reason (:func:`take_loop_options`), and its copies keep them so
+  (``with_options``: :mod:`~rateloop.integrations._ready`).
 - **The same warnings**: every request of the HTTP doors runs through the
   one loop (:mod:`rateloop.loop`), which warns of an SDK retrying inside an
   attempt and of ``[limits]`` keys that match no call.

@@ -22,7 +22,9 @@ name is the SDK's.  It changes two things at the boundary, and nothing else:
   admission refusal read as a network failure, with the useful message
   only in ``__cause__``.  ``request()`` raises the
   :class:`~rateloop.errors.RateloopError` behind such a wrapper instead,
-  as openai 3.x and google-genai already do.
+  as openai 3.x and google-genai already do.  (The body of a stream is read
+  after ``request()`` returned: a stream that fails mid-way is still wrapped
+  by anthropic, with the ``StreamInterrupted`` as the cause.)
 """
 
 from __future__ import annotations
