@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from rateloop.classify import classify_exception, classify_response
-from rateloop.signal import Dimension, Kind
+from rateloop.signal import CONNECT_FAILED, Dimension, Kind
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 OPENAI_URL = "https://api.openai.com/v1/chat/completions"
@@ -276,3 +276,48 @@ def test_requests_response_and_unread_stream() -> None:
     error = requests.HTTPError("429", response=response)
     assert classify_exception(error, now=NOW).kind is Kind.SPEND
     assert classify_exception(requests.ConnectionError("reset"), now=NOW).kind is Kind.NETWORK
+
+
+def _caused(outer: BaseException, cause: BaseException) -> BaseException:
+    outer.__cause__ = cause
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        pytest.param(httpx.ConnectError("[Errno 111] Connection refused"), CONNECT_FAILED,
+                     id="httpx-connect"),
+        pytest.param(httpx2.ConnectError("[Errno -2] Name or service not known"), CONNECT_FAILED,
+                     id="httpx2-connect-dns"),
+        pytest.param(
+            _caused(openai.APIConnectionError(request=httpx2.Request("POST", OPENAI_URL)),
+                    httpx2.ConnectError("refused")),
+            CONNECT_FAILED, id="openai-wrapping-connect",
+        ),
+        pytest.param(
+            _caused(anthropic.APIConnectionError(request=httpx2.Request("POST", ANTHROPIC_URL)),
+                    httpx2.ConnectError("refused")),
+            CONNECT_FAILED, id="anthropic-wrapping-connect",
+        ),
+        pytest.param(ConnectionRefusedError(errno.ECONNREFUSED, "refused"), CONNECT_FAILED,
+                     id="stdlib-refused"),
+        pytest.param(socket.gaierror(socket.EAI_NONAME, "name unknown"), CONNECT_FAILED,
+                     id="stdlib-dns"),
+        pytest.param(OSError(errno.EHOSTUNREACH, "no route"), CONNECT_FAILED, id="unreachable"),
+        # Opened, then lost or slow: the request may have been sent.  Not a refusal.
+        pytest.param(httpx.ReadError("reset"), None, id="read-error"),
+        pytest.param(httpx2.RemoteProtocolError("closed"), None, id="dropped"),
+        pytest.param(httpx.ConnectTimeout("slow"), None, id="connect-timeout"),
+        pytest.param(httpx.PoolTimeout("pool"), None, id="pool-timeout"),
+        pytest.param(ConnectionResetError(errno.ECONNRESET, "reset"), None, id="reset"),
+        pytest.param(
+            _caused(openai.APIConnectionError(request=httpx2.Request("POST", OPENAI_URL)),
+                    httpx2.ReadError("reset")),
+            None, id="openai-wrapping-read",
+        ),
+    ],
+)
+def test_a_connection_that_never_opened_is_marked(exc: BaseException, code: str | None) -> None:
+    signal = classify_exception(exc, now=NOW)
+    assert (signal.kind, signal.code) == (Kind.NETWORK, code)

@@ -328,6 +328,8 @@ def test_controlled_retry_happens_once(run: Runner) -> None:
 
 def test_a_refused_connection_is_not_an_ambiguous_write(run: Runner) -> None:
     refused = httpx.ConnectError("refused", request=httpx.Request("POST", OPENAI))
+    # The endpoint has answered in this process: its refusal is retried (rule 3a).
+    assert run(FaultScript([OK]), route=A, policy=policy()).ok
     fn = FaultScript([refused, OK])
     out = run(fn, route=A, idempotent=False, policy=policy())
     assert out.status is Status.COMPLETED

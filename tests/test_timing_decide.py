@@ -20,7 +20,7 @@ import pytest
 from rateloop.outcome.record import Status
 from rateloop.policy import Policy
 from rateloop.route import Route
-from rateloop.signal import Kind, LimitSignal
+from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 from rateloop.timing.backoff import Backoff
 from rateloop.timing.budget import CallBudget
 from rateloop.timing.decide import (
@@ -37,9 +37,11 @@ from rateloop.timing.decide import (
     decide_write,
 )
 from rateloop.timing.state import (
+    Answered,
     LoopSettings,
     LoopState,
     count_sdk_retries,
+    record_answer,
     record_refusal,
     start_attempt,
     take,
@@ -86,11 +88,13 @@ def given(
     refused_at: float | None = None,
     waits: int = 0,
     rng: float = 0.0,
+    answered: bool = False,
 ) -> LoopState:
     """A call on ``chain`` (default: the primary alone) after ``attempts`` attempts.
 
     The backoff is 5, 10, 20, ... s without jitter; ``rng`` is the draw of the
-    half-spread added to a server minimum.
+    half-spread added to a server minimum.  The endpoints that answered are a
+    registry of the state's own (the primary among them when ``answered``).
     """
     budget = CallBudget(
         max_attempts=max_attempts,
@@ -105,7 +109,10 @@ def given(
         budget=budget,
         backoff=Backoff(initial=5.0, max_delay=60.0, jitter="none", rng=lambda: rng),
         epoch=(0.0, EPOCH),
+        answered=Answered(),
     )
+    if answered:
+        record_answer(state, LimitSignal.of(Kind.TEMPORARY, status=429))
     for _ in range(attempts):
         assert start_attempt(state)
     if refused_at is not None:
@@ -338,6 +345,64 @@ def test_rule_3_a_kind_outside_the_scope_is_surfaced(
     scope: str, sig: LimitSignal, expected: Decision
 ) -> None:
     assert expected == decide(given(PRIMARY, OTHER), sig, Settings(trigger_scope=scope), 1.0)
+
+
+# -- rule 3a: a connection that never opened, to an endpoint that never answered --------
+
+NEVER_OPENED = signal(Kind.NETWORK, code=CONNECT_FAILED, matched="ConnectError")
+UNREACHED = (
+    "could not connect to openai:gpt-5, which has not answered in this process "
+    "(a wrong base URL, or a server that is not running?); not retried"
+)
+
+
+@pytest.mark.parametrize(
+    ("state", "sig", "expected"),
+    [
+        pytest.param(
+            given(),
+            NEVER_OPENED,
+            Stop(Status.FAILED_RETRY_EXHAUSTED, UNREACHED),
+            id="never-answered-stops-at-once",
+        ),
+        pytest.param(
+            given(PRIMARY, OTHER),
+            NEVER_OPENED,
+            FallBack(OTHER, 0.0, f"{UNREACHED}; falling back to anthropic:claude at once", 1),
+            id="never-answered-moves-to-a-fallback-at-once",
+        ),
+        pytest.param(
+            given(answered=True),
+            NEVER_OPENED,
+            Wait(5.0, "network on openai:gpt-5; backoff", PRIMARY),
+            id="answered-before-is-the-networks-weather",
+        ),
+        pytest.param(
+            given(),
+            signal(Kind.NETWORK, matched="RemoteProtocolError"),
+            Wait(5.0, "network on openai:gpt-5; backoff", PRIMARY),
+            id="lost-mid-call-is-retried",
+        ),
+    ],
+)
+def test_rule_3a_a_connection_that_never_opened(
+    state: LoopState, sig: LimitSignal, expected: Decision
+) -> None:
+    assert expected == decide(state, sig, Settings(), 1.0)
+
+
+def test_an_answer_of_any_kind_marks_the_endpoint_and_a_network_failure_does_not() -> None:
+    answered = Answered()
+    state = given()
+    state.answered = answered
+    record_answer(state, signal(Kind.NETWORK, code=CONNECT_FAILED))
+    record_answer(state, signal(Kind.UNKNOWN))
+    assert PRIMARY not in answered
+    record_answer(state, signal(Kind.SERVER_ERROR, status=500))
+    assert PRIMARY in answered
+    # The endpoint is the provider and the project: another model of it has answered too.
+    assert SIBLING in answered and OTHER not in answered
+    assert Route(provider="openai", model="gpt-5", project="p") not in answered
 
 
 # -- rule 4: retried while the budget lasts, same route then the next -------------------

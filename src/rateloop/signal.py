@@ -34,6 +34,7 @@ from datetime import datetime
 from enum import StrEnum
 
 __all__ = [
+    "CONNECT_FAILED",
     "DEFAULT_PAUSE_LIMIT_SECS",
     "MAX_WAIT_SECONDS",
     "RETRYABLE_KINDS",
@@ -43,6 +44,12 @@ __all__ = [
     "Observed",
     "clamp_wait",
 ]
+
+#: The ``code`` of a ``network`` signal whose connection never opened (refused, an
+#: unknown host, no route to it): no byte of the request was sent.  To an endpoint
+#: that has not answered in this process it is most likely a wrong URL or a server
+#: that is not running, and the loop does not retry it (:mod:`rateloop.timing.decide`).
+CONNECT_FAILED = "connect_failed"
 
 #: Every wait a classifier reports is clamped to [0, MAX_WAIT_SECONDS].
 MAX_WAIT_SECONDS = 86_400.0

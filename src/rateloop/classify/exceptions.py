@@ -17,7 +17,12 @@ installed is simply never seen.  In order:
    which are our bugs), openai / anthropic ``APIConnectionError`` and
    ``APITimeoutError``, requests / urllib3 / aiohttp connection errors, and the
    standard library's ``TimeoutError``, ``ConnectionError``, ``socket.gaierror``
-   and socket ``OSError`` errnos → ``network``.
+   and socket ``OSError`` errnos → ``network``.  When the exception or a cause
+   of it says the connection never opened (httpx ``ConnectError``, urllib3
+   ``NewConnectionError``, aiohttp ``ClientConnectorError``, a refused
+   connection, an unknown host, no route), the signal's ``code`` is
+   :data:`~rateloop.signal.CONNECT_FAILED`: nothing was sent.  A connect
+   *timeout* is not marked (a slow host may yet answer).
 5. Else the exception's ``__cause__`` / ``__context__`` chain is tried; else
    ``unknown`` (not retryable).
 """
@@ -27,13 +32,14 @@ from __future__ import annotations
 import errno
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from rateloop.classify._core import classify, resolve_now
 from rateloop.classify._detect import detect_provider
 from rateloop.classify._far import far_wait_threshold
-from rateloop.signal import Kind, LimitSignal
+from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 
 __all__ = ["classify_exception", "classify_response"]
 
@@ -59,6 +65,15 @@ _NETWORK_ERRNOS = frozenset(
         "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EHOSTUNREACH",
         "ENETUNREACH", "ENETDOWN", "ENETRESET", "EPIPE", "EHOSTDOWN", "ENOTCONN", "ESHUTDOWN",
     )
+    if hasattr(errno, name)
+)
+# A connection that never opened: the class names of the HTTP libraries, and the errnos.
+_CONNECT_NAMES = frozenset(
+    {"ConnectError", "NewConnectionError", "ClientConnectorError", "EndpointConnectionError"}
+)
+_CONNECT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ECONNREFUSED", "EHOSTUNREACH", "ENETUNREACH")
     if hasattr(errno, name)
 )
 _PROVIDER_BY_MODULE = (
@@ -212,7 +227,8 @@ def _errno(exc: OSError) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _network(exc: BaseException) -> LimitSignal | None:
+def _transport_failure(exc: BaseException) -> LimitSignal | None:
+    """A ``network`` signal when ``exc`` is a transport failure: no response arrived."""
     names = _names(exc)
     module = type(exc).__module__ or ""
     name = type(exc).__name__
@@ -241,6 +257,34 @@ def _network(exc: BaseException) -> LimitSignal | None:
     if module.split(".")[0] == "requests" and "RequestException" in names:
         return LimitSignal.of(Kind.NETWORK, matched=name)
     return None
+
+
+def _never_opened(exc: BaseException) -> bool:
+    """True when ``exc`` or a cause of it says the connection never opened."""
+    current: BaseException | None = exc
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
+        seen.add(id(current))
+        if _names(current) & _CONNECT_NAMES or isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, OSError) and _errno(current) in _CONNECT_ERRNOS:
+            return True
+        if "socket" in sys.modules:
+            import socket
+
+            if isinstance(current, socket.gaierror):
+                return True
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return False
+
+
+def _network(exc: BaseException) -> LimitSignal | None:
+    signal = _transport_failure(exc)
+    if signal is None or not _never_opened(exc):
+        return signal
+    return replace(signal, code=CONNECT_FAILED)
 
 
 def _one(exc: BaseException, now: datetime, limit: float) -> LimitSignal | None:

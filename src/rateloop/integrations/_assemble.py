@@ -16,7 +16,8 @@ the doors cannot differ.  The defaults, for a door given nothing:
 - **The SDK's retries off** (:data:`SDK_RETRIES`): every SDK client built
   here gets ``max_retries=0``, since stacked retries multiply and the loop
   owns them; a ready client refuses ``max_retries=`` and ``http_client=``
-  with the reason (:func:`take_loop_options`).
+  with the reason (:func:`take_loop_options`), and its copies keep them so
+  (``with_options``: :mod:`~rateloop.integrations._ready`).
 - **The same warnings**: every request of the HTTP doors runs through the
   one loop (:mod:`rateloop.loop`), which warns of an SDK retrying inside an
   attempt and of ``[limits]`` keys that match no call.
@@ -46,6 +47,7 @@ from typing import Any
 from rateloop._clock import Clock
 from rateloop.admission import Limiter
 from rateloop.classify import classify_exception
+from rateloop.integrations._ready import HTTP_CLIENT_REFUSED
 from rateloop.loop.args import check_policy
 from rateloop.loop.effects import pause_until
 from rateloop.loop.sdk_count import acount_request, count_request
@@ -129,11 +131,7 @@ def take_loop_options(kwargs: MutableMapping[str, Any]) -> dict[str, Any]:
     """
     for name in ("max_retries", "http_client"):
         if name in kwargs:
-            raise TypeError(
-                f"{name}= is set by the rateloop client helpers (the RATE loop owns retries "
-                "and sends through its transport); build the SDK client yourself with "
-                "rateloop.integrations.clients.rateloop_transport() to customise it"
-            )
+            raise TypeError(f"{name}= {HTTP_CLIENT_REFUSED}")
     ours = {name: kwargs.pop(name) for name in LOOP_OPTIONS if name in kwargs}
     if ours.get("loop") is None:
         resolved = admission(

@@ -109,10 +109,11 @@ class AdmissionRefused(RateLimitExhausted):
     Distinct from a provider's refusal (which reaches the caller as the SDK's own
     exception): ``outcome.status`` is ``waiting_for_capacity`` (no capacity
     before the budget or deadline; ``outcome.retry_at`` says when) or
-    ``rejected`` (the cost can never fit the configured limits).  Through an
-    SDK it reaches the caller as itself (OpenAI 3.x, google-genai) or as the
-    ``__cause__`` of the SDK's connection error (Anthropic 2.x);
-    :func:`admission_refusal` finds it in either case.
+    ``rejected`` (the cost can never fit the configured limits).  Through a
+    ready client it reaches the caller as itself, whatever the SDK; an
+    Anthropic 2.x client built by hand around the transport wraps it in its
+    connection error (as ``__cause__``), and :func:`admission_refusal` finds
+    it in either case.
     """
 
 

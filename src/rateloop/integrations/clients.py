@@ -22,6 +22,11 @@ The SDK's own retries are off (``max_retries=0``; google-genai retries only
 when given ``retry_options``): stacked retries multiply, and the loop owns
 them.  Passing ``max_retries`` or an ``http_client`` yourself is refused with
 the reason, since either would silently take 429 recovery away from the loop.
+The openai and anthropic clients stay so when copied
+(:mod:`~rateloop.integrations._ready`): ``client.with_options(max_retries=3)``
+keeps the SDK's retries off and warns, ``with_options(http_client=...)`` is
+refused, and rateloop's own errors (``BackendUnreachable``,
+``AdmissionRefused``) reach the caller as themselves through every SDK.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from rateloop.integrations._assemble import SDK_RETRIES, need, take_loop_options
+from rateloop.integrations._ready import ready_class
 from rateloop.loop.drivers import AsyncRateLoop, RateLoop
 from rateloop.policy import Policy
 
@@ -121,7 +127,9 @@ def _ready_sdk_client(module: str, cls: str, *, is_async: bool, kwargs: dict[str
     if factory is None:
         factory = hx.AsyncClient if is_async else hx.Client
     http_client = factory(transport=inner)
-    return getattr(sdk, cls)(max_retries=SDK_RETRIES, http_client=http_client, **kwargs)
+    # The SDK's class, kept so: a copy keeps its retries off, and rateloop's errors pass.
+    ready = ready_class(getattr(sdk, cls), sdk.APIConnectionError)
+    return ready(max_retries=SDK_RETRIES, http_client=http_client, **kwargs)
 
 
 def openai_client(**kwargs: Any) -> Any:

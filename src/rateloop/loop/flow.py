@@ -78,6 +78,7 @@ from rateloop.timing.fallback import build_chain
 from rateloop.timing.state import (
     LoopState,
     count_sdk_retries,
+    record_answer,
     record_refusal,
     start_attempt,
     take,
@@ -271,6 +272,7 @@ class _Run:
             yield from self.release(reservation)
             raise
         report.signal = signal
+        record_answer(state, signal)  # any answer: this endpoint is there
         return _Attempted(result, signal, self.clock.monotonic())
 
     # -- 3. settle and observe ---------------------------------------------------------

@@ -26,6 +26,14 @@ The rules, in order:
 3. A kind outside the policy's ``trigger_scope`` is surfaced as it is:
    ``invalid``, ``needs_operator`` (permission), or ``failed_retry_exhausted``
    with a reason saying it was not retried.
+3a. A connection that never opened (a ``network`` signal whose ``code`` is
+   :data:`~rateloop.signal.CONNECT_FAILED`: refused, unknown host, no route)
+   to an endpoint that has not answered in this process
+   (:class:`~rateloop.timing.state.Answered`) is not retried: it is most
+   likely a wrong base URL or a server that is not running.  The call moves
+   at once to the next eligible route, or stops ``failed_retry_exhausted``
+   saying so.  To an endpoint that has answered, it is a network failure
+   like any other (rule 4), as is a connection lost mid-call.
 4. A kind inside the scope is retried while the attempt budget lasts
    (attempts as the provider saw them: SDK retries count): on the same
    route while it has attempts left, else on the next eligible route.  A
@@ -73,7 +81,7 @@ import math
 from typing import Protocol
 
 from rateloop.outcome.record import Status
-from rateloop.signal import Kind, LimitSignal
+from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 from rateloop.timing.decision import Decision, FallBack, Proceed, Stop, Wait
 from rateloop.timing.exits import completed, exhausted, stop_for
 from rateloop.timing.moves import fall_back_now, next_route
@@ -199,6 +207,9 @@ def decide(
     if not in_trigger_scope(kind, policy.trigger_scope):
         return stop_for(state, signal, now)
 
+    if signal.code == CONNECT_FAILED and route not in state.answered:
+        return _never_connected(state, policy)
+
     if not state.budget.can_retry(kind):
         budget = state.budget
         if budget.bound_of(kind) == "max_error_attempts":
@@ -240,6 +251,18 @@ def decide(
     return Stop(
         step.status, step.reason, retry_at=step.retry_at, retry_in=step.retry_in, skipped=moved
     )
+
+
+def _never_connected(state: LoopState, policy: LoopSettings) -> FallBack | Stop:
+    """Rule 3a: no retry of a connection that never opened to an endpoint never answered."""
+    why = (
+        f"could not connect to {state.route.scope}, which has not answered in this process "
+        "(a wrong base URL, or a server that is not running?); not retried"
+    )
+    moved = fall_back_now(state, policy, why)
+    if isinstance(moved, FallBack):
+        return moved
+    return Stop(Status.FAILED_RETRY_EXHAUSTED, why, skipped=moved)
 
 
 def default_attempts_per_route(max_attempts: int, routes: int) -> int:

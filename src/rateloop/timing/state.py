@@ -23,7 +23,15 @@ event (function)              change
                               the first limited route is kept for the outcome,
                               a provider whose quota or bill ran out is excluded
 :func:`use_controlled_retry`  the one retry of an ambiguous write is spent
+:func:`record_answer`         the provider answered (any status): the route's
+                              endpoint has answered in this process
 ============================  ===============================================
+
+One piece of state outlives a call: :class:`Answered`, the endpoints that have
+answered in this process (:data:`ANSWERED`, shared by every loop and door).  A
+connection that never opened is retried only to an endpoint in it (rule 3a of
+the decider): to any other it is most likely a wrong URL or a server that is
+not running, and a minute of backoff would only hide that.
 
 The settings the decider reads are the small :class:`LoopSettings` protocol
 (a :class:`~rateloop.policy.Policy` has them), never the whole policy: the
@@ -32,22 +40,26 @@ policy is built on this layer, not the other way round.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from rateloop.route import Cost, Route
-from rateloop.signal import Kind
+from rateloop.signal import Kind, LimitSignal
 from rateloop.timing.backoff import Backoff
 from rateloop.timing.budget import CallBudget
 from rateloop.timing.decision import FallBack, Wait
 
 __all__ = [
+    "ANSWERED",
+    "Answered",
     "FallbackSettings",
     "LoopSettings",
     "LoopState",
     "count_sdk_retries",
+    "record_answer",
     "record_refusal",
     "start_attempt",
     "take",
@@ -81,6 +93,57 @@ class LoopSettings(Protocol):
     def fallback(self) -> FallbackSettings: ...
 
 
+class Answered:
+    """The endpoints that have answered in this process: a route's provider and project.
+
+    An endpoint is where a route's calls go: the transport's project names the
+    host and a fingerprint of the base URL and key, so for the ready clients it
+    is the server itself; a hand-written route's is its provider and project.
+    Any answer counts (a 200, a 429, a 500): the server is there.  The oldest
+    entries are forgotten past ``capacity`` (a forgotten endpoint's refused
+    connection fails fast once more, and its next answer brings it back).
+
+    >>> answered = Answered()
+    >>> route = Route(provider="openai", model="gpt-5", project="p1")
+    >>> route in answered, answered.add(route), route in answered
+    (False, None, True)
+    """
+
+    __slots__ = ("_capacity", "_endpoints", "_lock")
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._endpoints: dict[str, None] = {}  # insertion-ordered: the oldest go first
+        self._lock = threading.Lock()  # loops on many threads share the process's registry
+
+    @staticmethod
+    def endpoint(route: Route) -> str:
+        return route.provider if route.project is None else f"{route.provider}:{route.project}"
+
+    def __contains__(self, route: object) -> bool:
+        return isinstance(route, Route) and self.endpoint(route) in self._endpoints
+
+    def add(self, route: Route) -> None:
+        key = self.endpoint(route)
+        if key in self._endpoints:
+            return
+        with self._lock:
+            self._endpoints[key] = None
+            while len(self._endpoints) > self._capacity:
+                self._endpoints.pop(next(iter(self._endpoints)))
+
+    def __repr__(self) -> str:
+        return f"Answered({len(self._endpoints)} endpoints)"
+
+
+#: The endpoints that have answered in this process, shared by every loop.
+ANSWERED = Answered()
+
+
+def _process_answered() -> Answered:
+    return ANSWERED
+
+
 @dataclass(slots=True, kw_only=True)
 class LoopState:
     """Everything the decider needs to know about one call in flight.
@@ -104,6 +167,7 @@ class LoopState:
     limited_kind: Kind | None = None
     spent_providers: set[str] = field(default_factory=set)
     controlled_retry_used: bool = False
+    answered: Answered = field(default_factory=_process_answered)
 
     @property
     def route(self) -> Route:
@@ -125,6 +189,16 @@ def start_attempt(state: LoopState) -> bool:
 def count_sdk_retries(state: LoopState, retries: int) -> None:
     """Charge retries an SDK took inside the last attempt (they reached the provider)."""
     state.budget.record_sdk_retries(retries)
+
+
+def record_answer(state: LoopState, signal: LimitSignal) -> None:
+    """After an attempt on the current route: mark its endpoint when the provider answered.
+
+    A ``network`` signal is no answer, nor an ``unknown`` one (an exception
+    nobody recognised, most likely a bug of ours).
+    """
+    if signal.kind not in (Kind.NETWORK, Kind.UNKNOWN):
+        state.answered.add(state.route)
 
 
 def record_refusal(state: LoopState, now: float, kind: Kind | None = None) -> None:
