@@ -27,7 +27,15 @@ from typing import Any, Literal, TypeVar, cast
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
-from rateloop.admission.plan import AdmitOp, AdmitPlan, Check, CheckKind, ObserveOp, SettleOp
+from rateloop.admission.plan import (
+    AdmitOp,
+    AdmitPlan,
+    Check,
+    CheckKind,
+    ObserveOp,
+    Refused,
+    SettleOp,
+)
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -132,10 +140,15 @@ class Refusals:
         self._shared: dict[str, float] = {}
         self._local: dict[str, float] = {}
 
-    def note(self, scopes: tuple[str, ...], until: float, local: bool) -> None:
-        """The backend says a refusal in one of ``scopes`` left nothing before ``until``."""
+    def note(self, refused: Refused, local: bool) -> None:
+        """The backend says a refusal in each ``(scope, until)`` left nothing before ``until``.
+
+        Each is kept for the scope it was recorded in, never for the other
+        scopes of the route that brought the news: a project's pause is not
+        its model's, and the model's other projects keep their bookings.
+        """
         known = self._local if local else self._shared
-        for scope in scopes:
+        for scope, until in refused:
             if known.get(scope, _NEVER) < until:
                 known[scope] = until
 
@@ -316,11 +329,11 @@ class BackendRunner:
         return self.settled(await self.aexecute(op, local))
 
     def settled(self, done: Done) -> float | None:
-        """A settle's answer ``(now, refused_until)``: note it, return the time."""
-        result, op, local = done
+        """A settle's answer ``(now, refused)``: note the refusals, return the time."""
+        result, _, local = done
         if result is None:
             return None
         now, refused = result
-        if refused > _NEVER:
-            self.refusals.note(tuple(c.scope for c in op.checks), refused, local)
+        if refused:
+            self.refusals.note(refused, local)
         return float(now)

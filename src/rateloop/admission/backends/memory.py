@@ -36,6 +36,7 @@ from rateloop.admission.plan import (
     ObserveOp,
     PauseOp,
     PauseResult,
+    Refused,
     SettleOp,
 )
 from rateloop.signal import Dimension
@@ -226,14 +227,15 @@ class MemoryBackend:
         wait = 0.0
         hard = 0.0  # the longest wait a booking cannot cover (pause, day, lease, block)
         blame: tuple[str, Dimension | None, str | None] | None = None
-        refused = -math.inf  # the latest refusal recorded in any of the plan's scopes
+        refused: Refused = ()  # the refusals in force, each in the scope it was recorded in
         for key in plan.scopes:
             state = scopes.get(key)
             if state is not None:
                 if state.paused_until - now > wait:
                     wait = hard = state.paused_until - now
                     blame = (key, None, state.pause_reason)
-                refused = max(refused, state.refused_until)
+                if state.refused_until > now:
+                    refused += ((key, state.refused_until),)
         wall: float | None = None
         # (check, state, slot, new value, rate of a bucket | index of a day window)
         staged: list[tuple[Check, _Scope, Any, float, float]] = []
@@ -246,7 +248,7 @@ class MemoryBackend:
                     scope=check.scope,
                     dimension=check.dimension,
                     never_fits=True,
-                    refused_until=refused,
+                    refused=refused,
                 )
             state = scopes.get(check.scope) or self._scope(check.scope)
             kind = check.kind
@@ -295,7 +297,7 @@ class MemoryBackend:
                 scope=scope,
                 dimension=dimension,
                 paused_reason=reason,
-                refused_until=refused,
+                refused=refused,
             )
         if blame is not None:  # only bucket levels make it wait, within ``book``: booked
             _apply_booked(staged, amounts, now, wait, lease_id)
@@ -313,13 +315,14 @@ class MemoryBackend:
                 slot.index = int(extra)
         return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0, refused))
 
-    def _settle(self, op: SettleOp, now: float) -> tuple[float, float]:
+    def _settle(self, op: SettleOp, now: float) -> tuple[float, Refused]:
         scopes = self._scopes
         since = max(now, op.starts_at)
-        refused = -math.inf
+        refused: Refused = ()
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
-            refused = max(refused, state.refused_until)
+            if state.refused_until > now and all(s != check.scope for s, _ in refused):
+                refused += ((check.scope, state.refused_until),)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()
