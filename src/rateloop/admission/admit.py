@@ -140,6 +140,8 @@ class Admissions:
         if result.refused:  # refusals this process may not know of yet, each in its scope
             self._refusals.note(result.refused, done[2])
         if result.granted:
+            if result.starts_in > 0.0 and not done[2]:  # a fallback must not overtake it
+                self._runner.booked_ahead(ran.plan.scopes, result.starts_in)
             return Reservation(
                 self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
             )

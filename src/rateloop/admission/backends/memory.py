@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,7 @@ class MemoryBackend:
         self._scopes: dict[str, _Scope] = {}
         self._learned: dict[str, tuple[dict[str, float], float]] = {}
         self._start_full = False
+        self._ahead: dict[str, float] = {}
 
     url = "memory://"
 
@@ -172,23 +174,44 @@ class MemoryBackend:
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         return self.execute(op)
 
-    def restart_full(self) -> None:
+    def restart_full(self, ahead: Mapping[str, float] | None = None) -> None:
         """Forget every bucket and start each again *full* (leases and pauses are kept).
 
         For the limiter's local fallback: a process that falls back does not
         know what the others admitted just before, so it assumes its share
         was just used and admits at its share of the rate, not a burst on
-        top of what the shared backend already let through.
+        top of what the shared backend already let through.  ``ahead``: per
+        scope, the latest start this process booked on the shared backend
+        (this clock's monotonic time): those calls are still to start, so the
+        scope's buckets are full *then* -- the local grants queue behind them.
         """
         with self._lock:
             for state in self._scopes.values():
                 state.buckets.clear()
             self._start_full = True
+            self._ahead = dict(ahead or {})
 
     def _new_bucket(self, check: Check, now: float) -> Bucket:
         if self._start_full:
-            return Bucket(level=check.capacity, ts=now)
+            return Bucket(level=check.capacity, ts=max(now, self._ahead.get(check.scope, now)))
         return Bucket()
+
+    def in_use(self, check: Check) -> float:
+        """The units of ``check``'s bucket not drained yet, bookings ahead included.
+
+        What this backend granted that still counts against the limit: when
+        the limiter returns from its local fallback these are booked on the
+        shared backend (:meth:`BackendRunner.execute`).
+        """
+        with self._lock:
+            state = self._scopes.get(check.scope)
+            bucket = state.buckets.get(check.dimension) if state is not None else None
+            if bucket is None:
+                return 0.0
+            now = self._monotonic()
+            if bucket.ts > now:  # booked ahead: its level at the latest start, and the starts
+                return bucket.level + (bucket.ts - now) * check.rate
+            return drained(bucket.level, bucket.ts, now, check.rate)
 
     def close(self) -> None:
         """Nothing to close; present for the protocol."""
