@@ -142,6 +142,20 @@ def test_a_refusal_the_signal_says_is_model_wide_binds_the_model() -> None:
     assert not other.try_reserve(TASKS, Cost(), book_within=5)  # the project is
 
 
+@pytest.mark.parametrize("named", ["openai", MODEL])
+def test_a_provider_wide_refusal_binds_the_widest_scope_a_route_has(named: str) -> None:
+    limiter = Limiter(limits=PACED, clock=FakeClock())
+    limiter.observe(TASKS.provider_scope,
+                    LimitSignal.of(Kind.TEMPORARY, retry_after=30, scope=named))
+    denied = limiter.try_reserve(SIBLINGS[0], Cost())
+    assert not denied and denied.scope == MODEL and denied.retry_after >= 30
+    # A scope off the observed scope's path is not the provider's word about this call.
+    elsewhere = Limiter(limits=PACED, clock=FakeClock())
+    elsewhere.observe(TASKS.provider_scope,
+                      LimitSignal.of(Kind.TEMPORARY, retry_after=30, scope="openai:gpt-5"))
+    assert elsewhere.try_reserve(SIBLINGS[0], Cost())
+
+
 # -- on a real Redis: two processes ---------------------------------------------------------
 
 

@@ -202,10 +202,14 @@ def _bound_scope(scope: str, signal: LimitSignal) -> str:
     ``scope`` itself (the route's provider scope, ``provider:model[:project]``)
     unless the signal names a broader scope on its path (``signal.scope``, say
     ``"openai:gpt-4.1"`` for an organisation-wide limit of the model): only a
-    signal that says so binds the model's other projects.
+    signal that says so binds the model's other projects.  A scope above
+    ``provider:model`` (``"openai"``) binds ``provider:model``: the widest
+    scope a route belongs to, so the widest a pause can hold.
     """
     named = signal.scope
-    return named if named and named in path(scope) else scope
+    if not named or named not in path(scope):
+        return scope
+    return named if _depth(named) >= 1 else ":".join(scope.split(":", 2)[:2])
 
 
 def _depth(scope: str) -> int:
