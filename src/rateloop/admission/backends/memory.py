@@ -201,7 +201,7 @@ class MemoryBackend:
 
         What this backend granted that still counts against the limit: when
         the limiter returns from its local fallback these are booked on the
-        shared backend (:meth:`BackendRunner.execute`).
+        shared backend (:func:`rateloop.admission.local.carry_ops`).
         """
         with self._lock:
             state = self._scopes.get(check.scope)
