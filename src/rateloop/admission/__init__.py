@@ -6,6 +6,7 @@ Redis; see ``docs/admission.md``.  Where things live::
 
     limiter.py       Limiter: construction and the public twins (a composition of:)
       runner.py        BackendRunner (performs flows' steps; local fallback), Refusals
+      local.py         the local fallback's share of each limit; its grants carried back
       known.py         KnownLimits: limits in force (configured, learned), cached plans
       admit.py         Admissions: try_reserve / reserve flows; what reservations call back
       feedback.py      Feedback: observe / pause flows (learning from the provider)

@@ -37,7 +37,7 @@ from rateloop.admission.reservation import (
     Denied,
     Reservation,
 )
-from rateloop.admission.runner import NEVER, BackendRunner, Do, Done, Flow, Sleep
+from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import clamp_wait
 
@@ -48,7 +48,6 @@ MIN_RETRY_AFTER = 0.001
 #: The furthest ahead a start is booked (``reserve`` without a deadline books up to this).
 MAX_BOOK_SECONDS = 3600.0
 
-_NO_REFUSAL = NEVER
 _new_tuple = tuple.__new__
 
 
@@ -138,9 +137,11 @@ class Admissions:
         """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
         result: AdmitResult = done[0]
         ran: AdmitOp = done[1]
-        if result.refused_until > _NO_REFUSAL:  # a refusal this process may not know of yet
-            self._refusals.note(ran.plan.scopes, result.refused_until, done[2])
+        if result.refused:  # refusals this process may not know of yet, each in its scope
+            self._refusals.note(result.refused, done[2])
         if result.granted:
+            if result.starts_in > 0.0 and not done[2]:  # a fallback must not overtake it
+                self._runner.booked_ahead(ran.plan.scopes, result.starts_in)
             return Reservation(
                 self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
             )

@@ -22,7 +22,7 @@ from datetime import datetime
 from rateloop._clock import Clock
 from rateloop.admission.gcra import AIMD
 from rateloop.admission.known import KnownLimits
-from rateloop.admission.learning import tightened
+from rateloop.admission.learning import path, tightened
 from rateloop.admission.plan import Check, CheckKind, ObserveOp, PauseOp, Tightening, build_checks
 from rateloop.admission.runner import Do, Flow, Refusals
 from rateloop.admission.spec import LimitSpec
@@ -71,7 +71,7 @@ class Feedback:
             raise ValueError(f"pause seconds must be a number, got {until!r}")
         if wait > 0:
             done = yield Do(PauseOp(scope=scope, seconds=wait, reason=str(reason)))
-            self._refusals.note((scope,), done[0].until, done[2])
+            self._refusals.note(((scope, done[0].until),), done[2])
 
 
     def observe_flow(self, scope: str, source: LimitSignal | Mapping[str, str]) -> Flow[None]:
@@ -83,6 +83,12 @@ class Feedback:
         header told the state of a limit we govern, and no limit was just
         learned from it (the 429 that taught a limit is not a reason to go
         slower than that limit).
+
+        A refusal binds the scope the provider limits (:func:`_bound_scope`):
+        the observed one unless the signal names a wider one.  It never blocks
+        or voids the bookings of limits broader than that scope -- a project's
+        429 leaves its model's other projects their capacity -- so when only a
+        broader scope has limits, the bound scope is paused instead.
         """
         if not isinstance(scope, str) or not scope:
             raise ValueError(f"scope must be a non-empty string, got {scope!r}")
@@ -135,16 +141,33 @@ class Feedback:
                 target, signal, tightenings, now=self._clock.monotonic(), draw=self._rng.random
             )
         lower = signal.kind is Kind.TEMPORARY and not tightenings and not learned
-        # A refusal: the target records it, so that calls booked before it (in this
-        # process and, through the shared backend, in others) are admitted again.
+        # A refusal: the scope it binds records it, so that calls booked before it (in
+        # this process and, through the shared backend, in others) are admitted again.
         refused = signal.kind in _REFUSALS
+        bound = _bound_scope(scope, signal) if refused else scope
+        pause = refused and bound != scope  # a wider scope the signal names
+        if refused and target is not None and _depth(target) < _depth(bound):
+            # The limits in force are broader (the model's) than the scope the
+            # refusal binds (the project): its blocks describe the project's own
+            # limit, not the model's total, so the model's buckets and bookings are
+            # left to the project's siblings (a 429 nothing explains still lowers
+            # the model's rate for a few seconds, as AIMD does), and the refused
+            # project is paused until the longest block it states.
+            pause, tightenings, refused = True, (), False
         if target is not None and (tightenings or lower or refused):
             op = ObserveOp(
                 scope=target, tightenings=tightenings, lower=lower, aimd=self.aimd, refused=refused
             )
             done = yield Do(op)
             if refused:
-                self._refusals.note((target,), done[0][1], done[2])
+                self._refusals.note(((target, done[0][1]),), done[2])
+        if pause:
+            # Bound beyond the target's state: the project above, or a wider scope
+            # the signal names (the model's or organisation's own limit), which is
+            # paused as a whole, every project of it.
+            wait = _stated_block(signal)
+            if wait > 0:
+                yield from self.pause_flow(bound, wait, f"{signal.kind.value} on {bound}")
         if block is not None:
             yield Do(PauseOp(scope=scope, seconds=block, reason="subscription window exhausted"))
 
@@ -171,6 +194,34 @@ def _next_unit(o: Observed, held: float | None, check: Check) -> float | None:
         return reset
     rate = o.limit / 60.0 if o.limit is not None and o.limit >= 1 else check.rate
     return max(0.0, reset - held * 60.0 + 1.0 / rate) if rate > 0 else reset
+
+
+def _bound_scope(scope: str, signal: LimitSignal) -> str:
+    """The scope a refusal observed on ``scope`` binds: the one the provider says it limits.
+
+    ``scope`` itself (the route's provider scope, ``provider:model[:project]``)
+    unless the signal names a broader scope on its path (``signal.scope``, say
+    ``"openai:gpt-4.1"`` for an organisation-wide limit of the model): only a
+    signal that says so binds the model's other projects.  A scope above
+    ``provider:model`` (``"openai"``) binds ``provider:model``: the widest
+    scope a route belongs to, so the widest a pause can hold.
+    """
+    named = signal.scope
+    if not named or named not in path(scope):
+        return scope
+    return named if _depth(named) >= 1 else ":".join(scope.split(":", 2)[:2])
+
+
+def _depth(scope: str) -> int:
+    return scope.count(":")
+
+
+def _stated_block(signal: LimitSignal) -> float:
+    """How long a refusal says its scope has nothing: the server's ``retry_after`` or
+    its longest stated block (a dimension with nothing ``remaining`` until its reset)."""
+    blocks = [o.reset_after for o in signal.observed
+              if o.remaining is not None and o.remaining < 1 and o.reset_after]
+    return max([*blocks, signal.retry_after or 0.0])
 
 
 def _signal_from_headers(headers: Mapping[str, str], now: datetime) -> LimitSignal:

@@ -39,6 +39,7 @@ __all__ = [
     "PauseOp",
     "PauseResult",
     "Priority",
+    "Refused",
     "SettleOp",
     "Tightening",
     "build_checks",
@@ -349,14 +350,20 @@ class AdmitOp(NamedTuple):
     book: float = 0.0
 
 
+#: Refusals in force, per scope: ``((scope, until), ...)`` in the backend's time.
+Refused = tuple[tuple[str, float], ...]
+
+
 class AdmitResult(NamedTuple):
     """What the backend decided.  ``now`` is the backend's time of the decision.
 
     A booked grant has ``starts_in`` > 0: the call may start that many seconds
-    after ``now``, not before.  ``refused_until``: the latest time before which
-    a refusal (a 429 observed, a pause) in any scope of the plan said the
-    provider has nothing (-inf if none the state remembers): a process learns
-    other processes' refusals from it (``Reservation.stale``).
+    after ``now``, not before.  ``refused``: per scope of the plan whose state
+    holds a refusal in force (a 429 observed, a pause), ``(scope, until)``: the
+    provider has nothing in *that* scope before ``until`` (empty: none).  A
+    process learns other processes' refusals from it (``Reservation.stale``),
+    each for the scope it was recorded in -- a project's pause is not its
+    model's, so the model's other projects keep their bookings.
 
     A NamedTuple rather than a frozen dataclass: one is built per admission and
     a tuple is four times cheaper to build; it is just as immutable.
@@ -370,14 +377,14 @@ class AdmitResult(NamedTuple):
     never_fits: bool = False
     paused_reason: str | None = None
     starts_in: float = 0.0
-    refused_until: float = -math.inf
+    refused: Refused = ()
 
 
 class SettleOp(NamedTuple):
     """Change bucket levels by ``deltas`` (negative: a refund); release the lease.
 
-    The backend answers ``(now, refused_until)``: its time, and the scopes' latest
-    ``refused_until`` (see :class:`AdmitResult`; -inf if none).
+    The backend answers ``(now, refused)``: its time, and the refusals in force
+    in the settled scopes, ``(scope, until)`` each (see :class:`AdmitResult`).
 
     ``checks`` (token buckets of ``plan``) and ``deltas`` run parallel; the
     lease, if ``lease_id`` is set, is held in every one of ``plan.lease_scopes``

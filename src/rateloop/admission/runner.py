@@ -7,10 +7,14 @@ their results.  :class:`BackendRunner` performs them: :meth:`BackendRunner.run`
 with blocking calls, :meth:`BackendRunner.arun` with awaits, so the algorithm
 is written once.  When the shared backend is unreachable and
 ``on_unreachable="local"``, an operation runs on a per-process memory backend
-holding ``local_share`` of every limit (the ``_scaled_*`` functions) until
+holding ``local_share`` of every limit (:mod:`.local`) until
 :data:`LOCAL_RETRY_SECONDS` have passed; a settle always goes to the backend
-that granted.  What the backends say of refusals is kept in :class:`Refusals`,
-which the flows and the reservations read.
+that granted.  Across the transitions nothing is admitted twice: a fallback
+starts the local buckets full until the latest start booked on the shared
+backend, and the return first books there what the local limiter granted and
+still counts, while the process's other calls stay local.  What the backends
+say of refusals is kept in :class:`Refusals`, which the flows and the
+reservations read.
 
 The runner depends on the backends and :class:`Refusals` only: it knows
 nothing of limits, plans or reservations.
@@ -21,13 +25,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
-from rateloop.admission.plan import AdmitOp, AdmitPlan, Check, CheckKind, ObserveOp, SettleOp
+from rateloop.admission.local import carry_ops, scaled_op
+from rateloop.admission.plan import AdmitOp, AdmitPlan, Refused, SettleOp
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -48,6 +53,7 @@ T = TypeVar("T")
 #: ``-inf``: no refusal known; the ``_local_until`` of a runner that never fell back.
 NEVER = -math.inf
 _NEVER = NEVER
+_AHEAD_KEPT = 4096  # scopes whose latest booked start is remembered, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,52 +75,11 @@ Done = tuple[Any, Any, bool]
 Flow = Generator[_Step, Any, T]
 
 
-def _scaled_check(check: Check, share: float) -> Check:
-    """``check`` holding only ``share`` of its limit (the local fallback's part)."""
-    if share >= 1.0:
-        return check
-    if check.kind is CheckKind.BUCKET:
-        capacity = max(check.capacity * share, 1.0)
-    else:
-        capacity = float(max(1, math.floor(check.capacity * share)))
-    class_share = check.share * capacity / check.capacity
-    if check.kind is CheckKind.LEASE:
-        class_share = float(max(1, math.floor(class_share + 1e-9)))
-    ceiling = max(check.ceiling * share, capacity)
-    return replace(
-        check, capacity=capacity, share=class_share, rate=check.rate * share, ceiling=ceiling
-    )
+class _Busy:
+    """Another caller is returning to the shared backend (see ``_returning``)."""
 
 
-def _scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
-    """``plan`` with every check scaled to ``share``; remembered on the plan."""
-    local = plan.local
-    if local is not None and local[0] == share:
-        return local[1]
-    scaled = AdmitPlan(
-        plan.scopes,
-        tuple(_scaled_check(c, share) for c in plan.checks),
-        plan.priority,
-        plan.profile,
-    )
-    plan.local = (share, scaled)
-    return scaled
-
-
-def _scaled_op(op: object, share: float) -> object:
-    if share >= 1.0:
-        return op
-    if isinstance(op, AdmitOp):
-        plan = _scaled_plan(op.plan, share)
-        return op._replace(plan=plan, allowed=plan.allowances(op.amounts))
-    if isinstance(op, ObserveOp):
-        return replace(
-            op,
-            tightenings=tuple(
-                replace(t, check=_scaled_check(t.check, share)) for t in op.tightenings
-            ),
-        )
-    return op  # settle ops of local reservations already hold scaled checks
+_BUSY = _Busy()
 
 
 class Refusals:
@@ -132,10 +97,15 @@ class Refusals:
         self._shared: dict[str, float] = {}
         self._local: dict[str, float] = {}
 
-    def note(self, scopes: tuple[str, ...], until: float, local: bool) -> None:
-        """The backend says a refusal in one of ``scopes`` left nothing before ``until``."""
+    def note(self, refused: Refused, local: bool) -> None:
+        """The backend says a refusal in each ``(scope, until)`` left nothing before ``until``.
+
+        Each is kept for the scope it was recorded in, never for the other
+        scopes of the route that brought the news: a project's pause is not
+        its model's, and the model's other projects keep their bookings.
+        """
         known = self._local if local else self._shared
-        for scope in scopes:
+        for scope, until in refused:
             if known.get(scope, _NEVER) < until:
                 known[scope] = until
 
@@ -176,6 +146,13 @@ class BackendRunner:
         self._local_until = _NEVER
         self._lock = threading.Lock()
         self.refusals = Refusals()
+        # Per scope, the latest start booked on the shared backend (monotonic): the local
+        # fallback's buckets are full until then.
+        self._ahead: dict[str, float] = {}
+        # The plans admitted locally since the fallback (by id, the plan kept alive), with
+        # their scaled twins: what is still in use of them is carried back on return.
+        self._local_plans: dict[int, tuple[AdmitPlan, AdmitPlan]] = {}
+        self._carrying = False  # a caller is booking the local grants on the shared backend
 
     @property
     def backend(self) -> Backend:
@@ -209,33 +186,94 @@ class BackendRunner:
         """
         return isinstance(op, SettleOp) or self._clock.monotonic() >= self._local_until
 
-    def _fallback(self, exc: BackendUnreachable) -> None:
+    def _fallback(self, exc: BackendUnreachable, *, returning: bool = False) -> None:
         """Start a local window -- unless one is running: the window ends on schedule.
 
         Several calls in flight can each see the shared backend fail (one
         error per pooled connection); only the first starts the window, so
         the shared backend is tried again :data:`LOCAL_RETRY_SECONDS` after
         the outage was noticed, not after its last echo.  A new window's
-        local limiter starts full (:meth:`MemoryBackend.restart_full`).
+        local limiter starts full (:meth:`MemoryBackend.restart_full`), and
+        full until the latest start this process booked on the shared
+        backend.  ``returning``: the failure came while returning to it.
         """
         if self._on_unreachable != "local":
             raise exc
         now = self._clock.monotonic()
         with self._lock:
+            if returning:
+                self._carrying = False  # still down (or down again): the next return carries
             if now < self._local_until:
                 return
             from_shared = self._local_until == _NEVER
             self._local_until = now + LOCAL_RETRY_SECONDS
         if from_shared:  # the transition, not a retry during the same outage
-            self._local_backend().restart_full()
+            now = self._clock.monotonic()
+            with self._lock:
+                ahead = {s: t for s, t in self._ahead.items() if t > now}
+                self._ahead = ahead
+                self._local_plans = {}
+            self._local_backend().restart_full(ahead)
 
-    def _recovered(self) -> None:
-        """The shared backend answered after a fallback: back to it, the fast path again."""
-        self._local_until = _NEVER
+    def booked_ahead(self, scopes: tuple[str, ...], starts_in: float) -> None:
+        """The shared backend booked a call of ``scopes`` to start ``starts_in`` from now.
+
+        Remembered so that a fallback starts the local buckets of those scopes
+        full at the latest such start: the booked calls still go, and the
+        local grants must not add to them.
+        """
+        until = self._clock.monotonic() + starts_in
+        ahead = self._ahead
+        if len(ahead) >= _AHEAD_KEPT:
+            now = self._clock.monotonic()
+            self._ahead = ahead = {s: t for s, t in ahead.items() if t > now}
+        for scope in scopes:
+            if ahead.get(scope, _NEVER) < until:
+                ahead[scope] = until
+
+    def _returning(self, op: object) -> list[AdmitOp] | _Busy | None:
+        """After a fallback's window: return to the shared backend with ``op``?
+
+        ``None``: no (a settle goes to the backend that granted, returning
+        nothing).  A list: yes, this caller returns -- it first books on the
+        shared backend what the local limiter granted and still counts
+        (:func:`~rateloop.admission.local.carry_ops`), then runs ``op`` there.  ``_BUSY``: another
+        caller is returning right now; ``op`` stays local meanwhile, so that
+        nothing is admitted by a shared backend that has not been charged yet.
+        """
+        if type(op) is SettleOp:
+            return None
+        with self._lock:
+            if self._local_until == _NEVER:
+                return None
+            if self._carrying:
+                return _BUSY
+            self._carrying = True
+            plans = dict(self._local_plans)
+        return carry_ops(plans, self._local)
+
+    def _abandon_return(self) -> None:
+        with self._lock:
+            self._carrying = False
+
+    def _returned(self) -> None:
+        """The local grants are booked on the shared backend: back to it, the fast path."""
+        with self._lock:
+            self._local_until = _NEVER
+            self._carrying = False
+            self._local_plans = {}
+
+    def _note_local(self, op: object, scaled: object) -> None:
+        """Remember a plan admitted locally (its grants are carried back on return)."""
+        if type(op) is AdmitOp and type(scaled) is AdmitOp:
+            plan = op.plan
+            if id(plan) not in self._local_plans:
+                with self._lock:
+                    self._local_plans[id(plan)] = (plan, scaled.plan)
 
     def execute(self, op: object, local: bool = False, deadline: float | None = None) -> Done:
         # The first test is the common case: never fallen back, no clock read.
-        if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
+        if not local and self._local_until == _NEVER:
             try:
                 result = (
                     self._backend.execute(op)
@@ -247,16 +285,19 @@ class BackendRunner:
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
             else:
-                if self._local_until != _NEVER:
-                    self._recovered()
                 return result, op, False
-        scaled = _scaled_op(op, self._local_share)
+        elif not local and self._shared_after_fallback(op):
+            done = self._execute_returning(op, deadline)
+            if done is not None:
+                return done
+        scaled = scaled_op(op, self._local_share)
+        self._note_local(op, scaled)
         return self._local_backend().execute(scaled), scaled, True
 
     async def aexecute(
         self, op: object, local: bool = False, deadline: float | None = None
     ) -> Done:
-        if not local and (self._local_until == _NEVER or self._shared_after_fallback(op)):
+        if not local and self._local_until == _NEVER:
             try:
                 if deadline is None:
                     result = await self._backend.aexecute(op)
@@ -268,11 +309,71 @@ class BackendRunner:
                 if isinstance(op, SettleOp):
                     return None, op, False  # dropped: its lease expires by TTL
             else:
-                if self._local_until != _NEVER:
-                    self._recovered()
                 return result, op, False
-        scaled = _scaled_op(op, self._local_share)
+        elif not local and self._shared_after_fallback(op):
+            done = await self._aexecute_returning(op, deadline)
+            if done is not None:
+                return done
+        scaled = scaled_op(op, self._local_share)
+        self._note_local(op, scaled)
         return await self._local_backend().aexecute(scaled), scaled, True
+
+    def _execute_returning(self, op: object, deadline: float | None) -> Done | None:
+        """``op`` on the shared backend after a fallback (None: run it locally).
+
+        A settle just goes there; anything else first books the local grants
+        there when this caller is the one returning (:meth:`_returning`).
+        """
+        carry = self._returning(op)
+        if isinstance(carry, _Busy):
+            return None
+        try:
+            for charge in carry or ():
+                self._call(charge, deadline)
+            if carry:  # booked: the local state is now the shared backend's
+                self._returned()
+            result = self._call(op, deadline)
+        except BackendUnreachable as exc:
+            self._fallback(exc, returning=carry is not None)
+            return (None, op, False) if isinstance(op, SettleOp) else None
+        except BaseException:  # a timeout, a cancellation: the next call returns
+            if carry is not None:
+                self._abandon_return()
+            raise
+        if carry is not None and not carry:  # nothing to book: back once it answered
+            self._returned()
+        return result, op, False
+
+    async def _aexecute_returning(self, op: object, deadline: float | None) -> Done | None:
+        carry = self._returning(op)
+        if isinstance(carry, _Busy):
+            return None
+        try:
+            for charge in carry or ():
+                await self._acall(charge, deadline)
+            if carry:
+                self._returned()
+            result = await self._acall(op, deadline)
+        except BackendUnreachable as exc:
+            self._fallback(exc, returning=carry is not None)
+            return (None, op, False) if isinstance(op, SettleOp) else None
+        except BaseException:
+            if carry is not None:
+                self._abandon_return()
+            raise
+        if carry is not None and not carry:
+            self._returned()
+        return result, op, False
+
+    def _call(self, op: object, deadline: float | None) -> Any:
+        if deadline is None:
+            return self._backend.execute(op)
+        return self._backend.execute(op, timeout=deadline - self._clock.monotonic())
+
+    async def _acall(self, op: object, deadline: float | None) -> Any:
+        if deadline is None:
+            return await self._backend.aexecute(op)
+        return await self._backend.aexecute(op, timeout=deadline - self._clock.monotonic())
 
     def run(self, flow: Flow[T]) -> T:
         try:
@@ -316,11 +417,11 @@ class BackendRunner:
         return self.settled(await self.aexecute(op, local))
 
     def settled(self, done: Done) -> float | None:
-        """A settle's answer ``(now, refused_until)``: note it, return the time."""
-        result, op, local = done
+        """A settle's answer ``(now, refused)``: note the refusals, return the time."""
+        result, _, local = done
         if result is None:
             return None
         now, refused = result
-        if refused > _NEVER:
-            self.refusals.note(tuple(c.scope for c in op.checks), refused, local)
+        if refused:
+            self.refusals.note(refused, local)
         return float(now)

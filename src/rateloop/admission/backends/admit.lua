@@ -16,13 +16,14 @@
 --   [lease_id ('-' for none), when the plan has a lease], then per check 3 values:
 --   amount, allowed, and its rate (bucket), reset offset (day) or lease TTL (lease).
 -- Returns now (the server time in integer microseconds) when granted; {1, now, starts_in,
--- refused_until} when booked (only bucket levels made it wait, at most `book` seconds: the
+-- refused} when booked (only bucket levels made it wait, at most `book` seconds: the
 -- buckets are charged now and the call starts later); else
--- {0, now, wait, scope_index, field, never_fits, paused, pause_reason, refused_until}.
--- refused_until ('e' of the scopes' hashes, '0' when not after now): a refusal (a pause, a
--- 429 observed) said the provider has nothing before then -- a granted call gets
--- {2, now, refused_until} while one is in force, so a process learns other processes'
--- refusals with its admissions (a start it booked before that time is void).
+-- {0, now, wait, scope_index, field, never_fits, paused, pause_reason, refused}.
+-- refused (' index until' for each scope whose 'e' is after now, '' for none): a refusal
+-- (a pause, a 429 observed) said the provider has nothing in *that* scope before then --
+-- a granted call gets {2, now, refused} while one is in force, so a process learns other
+-- processes' refusals with its admissions (a start it booked before that time in that
+-- scope is void).  Each stays with its scope: a project's pause is not its model's.
 --
 -- Each scope's hash is read with one HMGET (only its pause when nothing of it is
 -- written) and written with one HSET; its TTL is set only when the state would outlive
@@ -36,7 +37,7 @@ local now = now_us / 1000000
 -- ARGV[1] (recover_per_sec) and ARGV[2] (book) are parsed where used: rarely.
 -- the longest wait; `hard`: the longest a booking cannot cover (pause, day, lease, block)
 local wait, hard, why, why_field, paused = 0, 0, 0, '', 0
-local ru = 0  -- the latest 'e' (refused until) of the scopes
+local ru = ''  -- ' index until' of each scope whose 'e' (refused until) is in force
 
 --@lease_id
 local lease_id = ARGV[3]
@@ -49,7 +50,7 @@ if am$i > al$i then return {0, now_us, '0', $s, '$F', 1, 0, ''} end
 -- scope $s: its pause, expiry, AIMD factor and the fields of its checks
 local k$s = KEYS[$s]
 local v$s = redis.call('HMGET', k$s, 'p', 'x', 'f', 'e'$fields)
-if v$s[4] then ru = math.max(ru, tonumber(v$s[4])) end
+if v$s[4] and tonumber(v$s[4]) > now then ru = ru .. ' $s ' .. v$s[4] end
 local f$s = 1
 if v$s[3] then f$s = factor_of(v$s[3], redis.call('HGET', k$s, 'fs'), now, tonumber(ARGV[1])) end
 if v$s[1] then
@@ -62,7 +63,7 @@ end
 do
   local pe = redis.call('HMGET', KEYS[$s], 'p', 'e')
   local p = pe[1]
-  if pe[2] then ru = math.max(ru, tonumber(pe[2])) end
+  if pe[2] and tonumber(pe[2]) > now then ru = ru .. ' $s ' .. pe[2] end
   if p then
     local u = tonumber(p) - now
     if u > wait then wait, hard, why, why_field, paused = u, u, $s, '', 1 end
@@ -115,12 +116,10 @@ do
 end
 
 --@decide
-local ru_s = '0'
-if ru > now then ru_s = fmt(ru) end
 if wait > 0 and (hard > 0 or wait > tonumber(ARGV[2])) then
   local reason = ''
   if paused == 1 then reason = redis.call('HGET', KEYS[why], 'pr') or '' end
-  return {0, now_us, fmt(wait), why, why_field, 0, paused, reason, ru_s}
+  return {0, now_us, fmt(wait), why, why_field, 0, paused, reason, ru}
 end
 -- Booked (wait > 0): each bucket is charged at the start, now + wait.  Not booked, the
 -- start is now, written from TIME's digits (the same number, no formatting).
@@ -154,6 +153,6 @@ if lease_id ~= '-' then
 end
 
 --@reply
-if wait > 0 then return {1, now_us, fmt(wait), ru_s} end
-if ru > now then return {2, now_us, ru_s} end
+if wait > 0 then return {1, now_us, fmt(wait), ru} end
+if ru ~= '' then return {2, now_us, ru} end
 return now_us

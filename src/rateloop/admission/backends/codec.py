@@ -40,6 +40,7 @@ from rateloop.admission.plan import (
     ObserveOp,
     PauseOp,
     PauseResult,
+    Refused,
     SettleOp,
 )
 from rateloop.signal import Dimension
@@ -95,6 +96,7 @@ class EncodedPlan(NamedTuple):
     consts: tuple[bytes, ...]
     shared: tuple[bytes, ...]
     decode: Callable[[Any], AdmitResult]
+    settled: Callable[[Any], tuple[float, Refused]]
 
 
 class RedisCodec:
@@ -225,16 +227,15 @@ class RedisCodec:
 
         def decode(reply: Any) -> AdmitResult:
             if reply.__class__ is int:  # granted: the server time in microseconds
-                granted = (True, reply / 1e6, 0.0, None, None, False, None, 0.0, _NO_REFUSAL)
-                return _new_tuple(AdmitResult, granted)
+                return _new_tuple(AdmitResult, (True, reply / 1e6, 0.0, None, None, False,
+                                                None, 0.0, ()))
             kind = int(reply[0])
             if kind == 2:  # granted while a refusal is in force
-                granted = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, 0.0,
-                           _refused(reply[2]))
-                return _new_tuple(AdmitResult, granted)
+                return _new_tuple(AdmitResult, (True, int(reply[1]) / 1e6, 0.0, None, None,
+                                                False, None, 0.0, _refused(reply[2], scopes)))
             if kind == 1:  # booked: it starts ``reply[2]`` seconds ahead
                 booked = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None,
-                          float(reply[2]), _refused(reply[3]))
+                          float(reply[2]), _refused(reply[3], scopes))
                 return _new_tuple(AdmitResult, booked)
             _, now, wait, scope_i, field, never, paused, reason = reply[:8]
             scope = scopes[int(scope_i) - 1] if int(scope_i) > 0 else None
@@ -246,11 +247,17 @@ class RedisCodec:
                 dimension=Dimension(field) if field else None,
                 never_fits=bool(int(never)),
                 paused_reason=str(reason) if int(paused) else None,
-                refused_until=_refused(reply[8]) if len(reply) > 8 else _NO_REFUSAL,
+                refused=_refused(reply[8], scopes) if len(reply) > 8 else (),
             )
 
+        def settled(reply: Any) -> tuple[float, Refused]:
+            """settle.lua's answer: ``(now, refused)``."""
+            if reply.__class__ is int:
+                return reply / 1e6, ()
+            return int(reply[0]) / 1e6, _refused(reply[1], scopes)
+
         return EncodedPlan(
-            plan, scopes, index, keys, keys_part, script, head, consts, shared, decode
+            plan, scopes, index, keys, keys_part, script, head, consts, shared, decode, settled
         )
 
     def _encode_settle(self, op: SettleOp, packed: bool) -> ScriptCall:
@@ -280,12 +287,12 @@ class RedisCodec:
             args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.starts_at), lease_id]
             for rate, delta in zip(rates, deltas, strict=True):
                 args += [rate, _fmt(delta)]
-            return ScriptCall(script, encoded.keys, args, _settled)
+            return ScriptCall(script, encoded.keys, args, encoded.settled)
         parts = [head, number(op.aimd.recover_per_second), bulk(repr(op.starts_at).encode())]
         parts.append(bulk(lease_id.encode()))
         for rate, delta in zip(rates, deltas, strict=True):
             parts += (bulk(rate), number(delta))
-        return ScriptCall(script, encoded.keys, [], _settled, b"".join(parts))
+        return ScriptCall(script, encoded.keys, [], encoded.settled, b"".join(parts))
 
     def _settle_entry(
         self, encoded: EncodedPlan, has_lease: bool
@@ -335,22 +342,24 @@ class RedisCodec:
 _NO_REFUSAL = float("-inf")
 
 
-def _refused(text: Any) -> float:
-    """A script's ``refused_until`` ('0': none in force)."""
+def _refused(text: Any, scopes: tuple[str, ...]) -> Refused:
+    """A script's refusals in force, ``' index until'`` per scope ('': none), by scope name."""
+    words = (text.decode() if isinstance(text, bytes) else str(text)).split()
+    return tuple(
+        (scopes[int(i) - 1], float(until))
+        for i, until in zip(words[::2], words[1::2], strict=True)
+    )
+
+
+def _refused_until(text: Any) -> float:
+    """observe.lua's ``refused_until`` of its one scope ('0': none in force)."""
     value = float(text)
     return value if value > 0.0 else _NO_REFUSAL
 
 
-def _settled(reply: Any) -> tuple[float, float]:
-    """settle.lua's answer: ``(now, refused_until)``."""
-    if reply.__class__ is int:
-        return reply / 1e6, _NO_REFUSAL
-    return int(reply[0]) / 1e6, _refused(reply[1])
-
-
 def _observed(reply: Any) -> tuple[float, float]:
     """observe.lua's answer: ``(factor, refused_until)``."""
-    return float(reply[0]), _refused(reply[1])
+    return float(reply[0]), _refused_until(reply[1])
 
 
 def _constant(check: Check) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ from rateloop.admission.plan import (
     ObserveOp,
     PauseOp,
     PauseResult,
+    Refused,
     SettleOp,
 )
 from rateloop.signal import Dimension
@@ -133,6 +135,7 @@ class MemoryBackend:
         self._scopes: dict[str, _Scope] = {}
         self._learned: dict[str, tuple[dict[str, float], float]] = {}
         self._start_full = False
+        self._ahead: dict[str, float] = {}
 
     url = "memory://"
 
@@ -171,23 +174,44 @@ class MemoryBackend:
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         return self.execute(op)
 
-    def restart_full(self) -> None:
+    def restart_full(self, ahead: Mapping[str, float] | None = None) -> None:
         """Forget every bucket and start each again *full* (leases and pauses are kept).
 
         For the limiter's local fallback: a process that falls back does not
         know what the others admitted just before, so it assumes its share
         was just used and admits at its share of the rate, not a burst on
-        top of what the shared backend already let through.
+        top of what the shared backend already let through.  ``ahead``: per
+        scope, the latest start this process booked on the shared backend
+        (this clock's monotonic time): those calls are still to start, so the
+        scope's buckets are full *then* -- the local grants queue behind them.
         """
         with self._lock:
             for state in self._scopes.values():
                 state.buckets.clear()
             self._start_full = True
+            self._ahead = dict(ahead or {})
 
     def _new_bucket(self, check: Check, now: float) -> Bucket:
         if self._start_full:
-            return Bucket(level=check.capacity, ts=now)
+            return Bucket(level=check.capacity, ts=max(now, self._ahead.get(check.scope, now)))
         return Bucket()
+
+    def in_use(self, check: Check) -> float:
+        """The units of ``check``'s bucket not drained yet, bookings ahead included.
+
+        What this backend granted that still counts against the limit: when
+        the limiter returns from its local fallback these are booked on the
+        shared backend (:func:`rateloop.admission.local.carry_ops`).
+        """
+        with self._lock:
+            state = self._scopes.get(check.scope)
+            bucket = state.buckets.get(check.dimension) if state is not None else None
+            if bucket is None:
+                return 0.0
+            now = self._monotonic()
+            if bucket.ts > now:  # booked ahead: its level at the latest start, and the starts
+                return bucket.level + (bucket.ts - now) * check.rate
+            return drained(bucket.level, bucket.ts, now, check.rate)
 
     def close(self) -> None:
         """Nothing to close; present for the protocol."""
@@ -226,14 +250,15 @@ class MemoryBackend:
         wait = 0.0
         hard = 0.0  # the longest wait a booking cannot cover (pause, day, lease, block)
         blame: tuple[str, Dimension | None, str | None] | None = None
-        refused = -math.inf  # the latest refusal recorded in any of the plan's scopes
+        refused: Refused = ()  # the refusals in force, each in the scope it was recorded in
         for key in plan.scopes:
             state = scopes.get(key)
             if state is not None:
                 if state.paused_until - now > wait:
                     wait = hard = state.paused_until - now
                     blame = (key, None, state.pause_reason)
-                refused = max(refused, state.refused_until)
+                if state.refused_until > now:
+                    refused += ((key, state.refused_until),)
         wall: float | None = None
         # (check, state, slot, new value, rate of a bucket | index of a day window)
         staged: list[tuple[Check, _Scope, Any, float, float]] = []
@@ -246,7 +271,7 @@ class MemoryBackend:
                     scope=check.scope,
                     dimension=check.dimension,
                     never_fits=True,
-                    refused_until=refused,
+                    refused=refused,
                 )
             state = scopes.get(check.scope) or self._scope(check.scope)
             kind = check.kind
@@ -295,7 +320,7 @@ class MemoryBackend:
                 scope=scope,
                 dimension=dimension,
                 paused_reason=reason,
-                refused_until=refused,
+                refused=refused,
             )
         if blame is not None:  # only bucket levels make it wait, within ``book``: booked
             _apply_booked(staged, amounts, now, wait, lease_id)
@@ -313,13 +338,14 @@ class MemoryBackend:
                 slot.index = int(extra)
         return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0, refused))
 
-    def _settle(self, op: SettleOp, now: float) -> tuple[float, float]:
+    def _settle(self, op: SettleOp, now: float) -> tuple[float, Refused]:
         scopes = self._scopes
         since = max(now, op.starts_at)
-        refused = -math.inf
+        refused: Refused = ()
         for check, delta in zip(op.checks, op.deltas, strict=True):
             state = scopes.get(check.scope) or self._scope(check.scope)
-            refused = max(refused, state.refused_until)
+            if state.refused_until > now and all(s != check.scope for s, _ in refused):
+                refused += ((check.scope, state.refused_until),)
             bucket = state.buckets.get(check.dimension)
             if bucket is None:
                 bucket = state.buckets[check.dimension] = Bucket()

@@ -11,21 +11,21 @@
 --   limit: the lease is removed from every one (`$z`), as it was added to every one.
 -- ARGV: recover_per_sec, starts_at (the reservation's start, server time), lease_id,
 --   then per adjustment 2 values: rate, delta.
--- Returns the server time in integer microseconds, or {now, refused_until} while a refusal
--- recorded in a settled scope ('e', see admit.lua) is in force.
+-- Returns the server time in integer microseconds, or {now, refused} while a refusal
+-- recorded in a settled scope ('e', see admit.lua) is in force: ' index until' per scope.
 
 --@head
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = now_us / 1000000
 local since = math.max(now, tonumber(ARGV[2]))
-local ru = 0
+local ru = ''
 
 --@read
 -- scope $s: expiry, AIMD factor and the buckets settled
 local k$s = KEYS[$s]
 local v$s = redis.call('HMGET', k$s, 'x', 'f', 'e'$fields)
-if v$s[3] then ru = math.max(ru, tonumber(v$s[3])) end
+if v$s[3] and tonumber(v$s[3]) > now then ru = ru .. ' $s ' .. v$s[3] end
 local f$s = 1
 if v$s[2] then f$s = factor_of(v$s[2], redis.call('HGET', k$s, 'fs'), now, tonumber(ARGV[1])) end
 local ttl$s = 0
@@ -54,5 +54,5 @@ write_state(k$s, v$s[1], now, ttl$s$pairs)
 redis.call('ZREM', KEYS[$z], ARGV[3])
 
 --@reply
-if ru > now then return {now_us, fmt(ru)} end
+if ru ~= '' then return {now_us, ru} end
 return now_us
