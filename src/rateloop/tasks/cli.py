@@ -65,7 +65,7 @@ def worker_command(
     for spec in app or []:
         try:
             import_app(spec)
-        except (ImportError, OSError) as exc:
+        except (ImportError, OSError) as exc:  # import_app turns every import error into these
             raise _fail(str(exc)) from None
     try:
         loop_policy = Policy.from_file(policy) if policy is not None else None

@@ -47,7 +47,13 @@ class WorkerStats:
 
 
 def import_app(spec: str) -> None:
-    """Import the module (``pkg.mod``) or file (``path/app.py``) that defines the tasks."""
+    """Import the module (``pkg.mod``) or file (``path/app.py``) that defines the tasks.
+
+    Whatever the import raises (a ``RuntimeError`` of the module's own, a
+    ``SyntaxError``, a missing dependency) comes back as one :class:`ImportError`
+    naming ``spec`` and the error, chained to it: the operator's mistake, told in
+    a line, not a traceback.
+    """
     if spec.endswith(".py") or os.sep in spec:
         path = Path(spec)
         if not path.is_file():
@@ -58,9 +64,22 @@ def import_app(spec: str) -> None:
             raise ImportError(f"--app {spec!r}: cannot import that file")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
-        module_spec.loader.exec_module(module)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]  # as import_module does: no half-imported module stays
+            raise _import_failed(spec, exc) from exc
         return
-    importlib.import_module(spec)
+    try:
+        importlib.import_module(spec)
+    except Exception as exc:
+        raise _import_failed(spec, exc) from exc
+
+
+def _import_failed(spec: str, exc: Exception) -> ImportError:
+    # One line: a SyntaxError's str() already names the file and the line.
+    what = " ".join(str(exc).split())
+    return ImportError(f"--app {spec!r} could not be imported: {type(exc).__name__}: {what}")
 
 
 def run_worker(
