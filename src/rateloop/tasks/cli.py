@@ -56,7 +56,8 @@ def _logging_to_stderr(level: str) -> Iterator[None]:
         yield
     finally:
         logger.removeHandler(handler)
-        logger.level, logger.propagate = saved
+        logger.setLevel(saved[0])  # setLevel, not .level: it clears the loggers' level caches
+        logger.propagate = saved[1]
 
 
 @contextmanager
