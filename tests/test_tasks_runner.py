@@ -375,16 +375,20 @@ def test_unknown_task_and_bad_arguments_are_clear(store: TaskStore, clock: FakeC
         t.step("only")(lambda ctx: None)
 
 
-def test_a_worker_without_the_definition_hands_the_task_to_an_operator(
-    store: TaskStore, clock: FakeClock
+def test_a_runner_without_the_definition_leaves_the_task_for_one_that_has_it(
+    mode: str, store: TaskStore, clock: FakeClock
 ) -> None:
     reg, calls = TaskRegistry(), []
-    t = two_step(reg, calls, lambda ctx, route: {})
+    t = two_step(reg, calls, lambda ctx, route: {"ok": 1})
     rec = TaskRunner(store, tasks=reg, clock=clock).submit(t, {"rows": 1})
-    TaskRunner(store, tasks=TaskRegistry(), clock=clock).run_until_idle()
-    got = store.get(rec.task_id)
-    assert got is not None and got.state is TaskState.NEEDS_OPERATOR
-    assert "no task named 'report'" in got.checkpoint.reason
+    other = TaskRegistry()
+    task("unrelated", into=other).step()(lambda ctx: None)
+    assert Harness(mode, store, clock, other).run() == []
+    kept = store.get(rec.task_id)
+    assert kept is not None and kept.state is TaskState.QUEUED
+    assert (kept.deliveries, kept.fence, calls) == (0, 0, [])
+    assert [r.task_id for r in Harness(mode, store, clock, reg).run()] == [rec.task_id]
+    assert store.get(rec.task_id).state is TaskState.COMPLETED  # type: ignore[union-attr]
 
 
 def test_the_top_level_names() -> None:

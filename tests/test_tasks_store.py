@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from rateloop.tasks import (
     TaskStore,
     open_store,
 )
+from rateloop.tasks.deliveries import delivery_summary
 from rateloop.testing import FakeClock
 
 POLICY = QueuePolicy(lease_secs=30)
@@ -284,6 +286,118 @@ def test_concurrent_claimers_never_share_a_task(
         t.join(60)
     assert not errors
     assert sorted(taken) == [f"t{i:03}" for i in range(120)]
+
+
+def test_claim_takes_only_the_tasks_the_worker_has_definitions_for(
+    store: TaskStore, clock: FakeClock
+) -> None:
+    store.submit(record(clock, "known"), POLICY)
+    store.submit(replace(record(clock, "orphan"), name="other"), POLICY)
+    clock.advance(1)
+    store.submit(record(clock, "later"), POLICY)
+    assert store.claim("w", lease_secs=30, names=[]) is None
+    got = store.claim("w", lease_secs=30, names=["t", "x"])
+    assert got is not None and got.task_id == "known"
+    got = store.claim("w", lease_secs=30, names=["t"])
+    assert got is not None and got.task_id == "later"  # the older "other" task is skipped
+    assert store.claim("w", lease_secs=30, names=["t"]) is None
+    orphan = store.get("orphan")
+    assert orphan is not None and orphan.state is TaskState.QUEUED
+    assert (orphan.deliveries, orphan.fence, orphan.lease_owner) == (0, 0, None)
+    budget = record(clock).checkpoint.retry_budget_remaining
+    assert orphan.checkpoint.retry_budget_remaining == budget
+    # An expired lease is retaken only by a worker that knows the task, too.
+    clock.advance(31)
+    assert store.claim("w2", lease_secs=30, names=["other"]) is not None  # the orphan
+    assert store.claim("w2", lease_secs=30, names=["other"]) is None
+    again = store.claim("w2", lease_secs=30, names=None)  # None: any task
+    assert again is not None and again.task_id == "known"
+
+
+def test_each_delivery_records_why_it_happened(store: TaskStore, clock: FakeClock) -> None:
+    store.submit(record(clock, "d"), POLICY)
+    clock.advance(1)
+    store.submit(record(clock, "untouched"), POLICY)  # ranks after "d"
+    first = store.claim("w1", lease_secs=30)
+    assert first is not None and first.task_id == "d"
+    clock.advance(31)  # w1 died holding it
+    second = store.claim("w2", lease_secs=30)
+    assert second is not None and second.task_id == "d"
+    later = clock.now() + timedelta(seconds=100)
+    assert store.save(replace(second, state=TaskState.WAITING_FOR_RESET, next_attempt_at=later,
+                              lease_owner=None, lease_expires_at=None), fence=second.fence)
+    clock.advance(100)
+    third = store.claim("w3", lease_secs=30, names=["t"])
+    assert third is not None and third.task_id == "d"
+    released = replace(third, state=TaskState.QUEUED, next_attempt_at=clock.now(),
+                       lease_owner=None, lease_expires_at=None).with_checkpoint(
+        user_visible_status="queued: the worker stopped between steps")
+    assert store.save(released, fence=third.fence)
+    fourth = store.claim("w4", lease_secs=30)
+    assert fourth is not None and fourth.task_id == "d"
+    history = store.deliveries("d")
+    assert [(d.delivery, d.worker_id, d.reason.value) for d in history] == [
+        (1, "w1", "first"), (2, "w2", "lease_expired"), (3, "w3", "wake"), (4, "w4", "requeued"),
+    ]
+    assert history[0].at == first.updated_at and history[3].at == fourth.updated_at
+    assert history[1].previous_owner == "w1" and history[0].previous_owner is None
+    assert history[2].detail == "waiting_for_reset"
+    assert history[3].detail == "queued: the worker stopped between steps"
+    assert delivery_summary(fourth.deliveries, history) == (
+        "4 deliveries: 1 first claim, 1 lease expired (worker w1), "
+        "1 retry after a wait (waiting_for_reset), "
+        "1 requeued (queued: the worker stopped between steps)"
+    )
+    assert store.deliveries("untouched") == [] and store.deliveries("missing") == []
+
+
+def test_a_store_from_before_delivery_reasons_is_migrated_and_says_what_it_lacks(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    url = f"sqlite:///{tmp_path}/old.db"
+    store = open_store(url, clock=clock)
+    store.submit(record(clock, "old"), POLICY)
+    store.claim("w1", lease_secs=30)
+    store.close()
+    # Back to schema version 1, as a store written by the previous release is.
+    conn = sqlite3.connect(f"{tmp_path}/old.db")
+    conn.executescript("DROP TABLE rateloop_task_deliveries; DROP TABLE rateloop_workers; "
+                       "DELETE FROM rateloop_tasks_schema WHERE version > 1;")
+    conn.close()
+    store = open_store(url, clock=clock)
+    try:
+        clock.advance(31)
+        again = store.claim("w2", lease_secs=30)
+        assert again is not None and again.deliveries == 2
+        history = store.deliveries("old")
+        assert [(d.delivery, d.previous_owner) for d in history] == [(2, "w1")]
+        assert delivery_summary(again.deliveries, history) == (
+            "2 deliveries: 1 lease expired (worker w1), "
+            "1 not recorded (before this store kept delivery reasons)"
+        )
+        assert delivery_summary(0, []) == "0 deliveries"
+        assert delivery_summary(1, history[:0]).startswith("1 delivery: 1 not recorded")
+    finally:
+        store.close()
+
+
+def test_workers_announce_the_tasks_they_know_until_they_go_silent(
+    store: TaskStore, clock: FakeClock
+) -> None:
+    assert store.live_workers() == []
+    store.announce_worker("host:1", ["t", "x"], ttl_secs=30)
+    store.announce_worker("host:2", ["y"], ttl_secs=30)
+    assert {w.worker_id: w.tasks for w in store.live_workers()} == {
+        "host:1": ("t", "x"), "host:2": ("y",),
+    }
+    clock.advance(20)
+    store.announce_worker("host:1", ["t", "x", "z"], ttl_secs=30)  # a refresh
+    clock.advance(15)  # host:2 was killed: it stopped announcing
+    (alive,) = store.live_workers()
+    assert alive.worker_id == "host:1" and alive.tasks == ("t", "x", "z")
+    assert alive.seen_at == clock.now() - timedelta(seconds=15)
+    store.retire_worker("host:1")  # a worker that stops says so
+    assert store.live_workers() == []
 
 
 @pytest.mark.parametrize(

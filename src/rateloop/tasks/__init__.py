@@ -11,6 +11,7 @@ continues it then.  Stores: SQLite (embedded, the default) and PostgreSQL
 from __future__ import annotations
 
 from rateloop.tasks.definition import Step, StepContext, Task, TaskRegistry, registry, task
+from rateloop.tasks.deliveries import Delivery, DeliveryReason, delivery_summary
 from rateloop.tasks.model import (
     USER_MESSAGE_POLICY,
     Checkpoint,
@@ -21,6 +22,7 @@ from rateloop.tasks.model import (
     runtime_summary,
 )
 from rateloop.tasks.postgres_store import PostgresTaskStore
+from rateloop.tasks.presence import WorkerPresence
 from rateloop.tasks.queue import QueuePolicy, SubmitVerdict, admit_submit
 from rateloop.tasks.runner import AsyncTaskRunner, TaskRunner
 from rateloop.tasks.sqlite_store import SQLiteTaskStore
@@ -42,6 +44,8 @@ __all__ = [
     "AsyncTaskRunner",
     "Checkpoint",
     "CompletedStep",
+    "Delivery",
+    "DeliveryReason",
     "Ledger",
     "PendingOperation",
     "PostgresTaskStore",
@@ -57,8 +61,10 @@ __all__ = [
     "TaskRunner",
     "TaskState",
     "TaskStore",
+    "WorkerPresence",
     "admit_submit",
     "check_store_url",
+    "delivery_summary",
     "open_store",
     "registry",
     "runtime_summary",

@@ -39,6 +39,29 @@ SQLITE_MIGRATIONS: list[tuple[int, list[str]]] = [
             "CREATE INDEX rateloop_tasks_state ON rateloop_tasks (state)",
         ],
     ),
+    (
+        2,
+        [
+            # Why each delivery happened (rateloop tasks show); one row per claim.
+            """CREATE TABLE rateloop_task_deliveries (
+                task_id TEXT NOT NULL,
+                delivery INTEGER NOT NULL,
+                at REAL NOT NULL,
+                worker_id TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                previous_owner TEXT,
+                detail TEXT NOT NULL DEFAULT '',
+                PRIMARY KEY (task_id, delivery)
+            )""",
+            # The running workers and the task names they know (rateloop tasks list).
+            """CREATE TABLE rateloop_workers (
+                worker_id TEXT PRIMARY KEY,
+                tasks TEXT NOT NULL,
+                seen_at REAL NOT NULL,
+                expires_at REAL NOT NULL
+            )""",
+        ],
+    ),
 ]
 
 POSTGRES_MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -66,6 +89,27 @@ POSTGRES_MIGRATIONS: list[tuple[int, list[str]]] = [
             f"CREATE INDEX rateloop_tasks_ready ON {{schema}}.rateloop_tasks (rank_at, created_at) "
             f"WHERE state IN ({_ACTIVE})",
             "CREATE INDEX rateloop_tasks_state ON {schema}.rateloop_tasks (state)",
+        ],
+    ),
+    (
+        2,
+        [
+            """CREATE TABLE {schema}.rateloop_task_deliveries (
+                task_id TEXT NOT NULL,
+                delivery BIGINT NOT NULL,
+                at DOUBLE PRECISION NOT NULL,
+                worker_id TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                previous_owner TEXT,
+                detail TEXT NOT NULL DEFAULT '',
+                PRIMARY KEY (task_id, delivery)
+            )""",
+            """CREATE TABLE {schema}.rateloop_workers (
+                worker_id TEXT PRIMARY KEY,
+                tasks TEXT NOT NULL,
+                seen_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL
+            )""",
         ],
     ),
 ]

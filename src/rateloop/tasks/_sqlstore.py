@@ -5,10 +5,14 @@ rank, ``next_attempt_at``, lease owner and expiry, a *fence*) and the
 checkpoint as JSON.  Every change is a read-modify-write inside one
 transaction.  Taking a task (``claim``) picks the ready row with the lowest
 rank — queued or waiting rows whose ``next_attempt_at`` has come, or running
-rows whose lease has expired — bumps its fence and leases it.  Every later
+rows whose lease has expired — among the task names the worker has
+definitions for, bumps its fence, leases it, and records why it was delivered
+(a row in ``rateloop_task_deliveries``).  Every later
 write by that worker names the fence it got; a write with an older fence
 changes nothing, so a worker that lost its lease (paused past it, cancelled
-by an operator) can never overwrite the task's new owner.
+by an operator) can never overwrite the task's new owner.  Worker processes
+announce the task names they know in ``rateloop_workers`` (see
+:mod:`rateloop.tasks.presence`).
 
 The engines differ only in how a transaction locks (``BEGIN IMMEDIATE`` on
 SQLite; ``FOR UPDATE SKIP LOCKED`` and an advisory lock on PostgreSQL), in the
@@ -19,14 +23,16 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rateloop._clock import Clock, system_clock
+from rateloop.tasks.deliveries import Delivery, DeliveryReason, delivery_of
 from rateloop.tasks.model import Checkpoint, TaskRecord
+from rateloop.tasks.presence import WorkerPresence
 from rateloop.tasks.queue import QueuePolicy, admit_submit
 from rateloop.tasks.states import (
     READY_STATES,
@@ -183,22 +189,31 @@ class SQLTaskStore:
             )
             return rec
 
-    def claim(self, worker_id: str, *, lease_secs: float) -> TaskRecord | None:
+    def claim(
+        self, worker_id: str, *, lease_secs: float, names: Collection[str] | None = None
+    ) -> TaskRecord | None:
         """Lease the most urgent ready task to ``worker_id``; None when nothing is ready.
 
+        ``names`` (None: any) are the tasks the worker has definitions for: a task
+        of another name stays in the queue, untouched, for a worker that knows it.
         Taking a task whose lease expired is a *redelivery*; taking a parked one
         at its time is a *wake*.  Both count in the ledger and spend one unit of
-        the task's retry budget.
+        the task's retry budget.  Why the task was delivered is recorded
+        (:meth:`deliveries`).
         """
+        if names is not None and not names:
+            return None
+        known = sorted(names) if names is not None else []
+        by_name = f"AND name IN ({', '.join('?' * len(known))}) " if known else ""
         now = self.clock.now()
         t = now.timestamp()
         with self._lock, self._transaction(True) as q:
             rows = q(
                 f"SELECT {_COLUMNS} FROM {self.table} WHERE "
                 f"((state IN ({_in(_READY)}) AND next_attempt_at <= ?) OR "
-                f"(state = 'running' AND lease_expires_at <= ?)) "
+                f"(state = 'running' AND lease_expires_at <= ?)) {by_name}"
                 f"ORDER BY rank_at, created_at LIMIT 1{self._lock_clause}",
-                (t, t),
+                (t, t, *known),
             )
             if not rows:
                 return None
@@ -219,7 +234,21 @@ class SQLTaskStore:
                 deliveries=rec.deliveries + 1,
             ).with_checkpoint(attempts_used=ledger, retry_budget_remaining=budget)
             self._update(q, claimed, fence=rec.fence)
+            self._record_delivery(q, rec.task_id, delivery_of(rec, worker_id, now))
             return claimed
+
+    def _record_delivery(self, q: Query, task_id: str, d: Delivery) -> None:
+        # An upsert: a delivery number is written once per claim; should one ever come
+        # back (a row restored from a backup), the newer claim's reason wins.
+        q(
+            f"INSERT INTO {self._deliveries_table} "
+            "(task_id, delivery, at, worker_id, reason, previous_owner, detail) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (task_id, delivery) DO UPDATE SET "
+            "at = excluded.at, worker_id = excluded.worker_id, reason = excluded.reason, "
+            "previous_owner = excluded.previous_owner, detail = excluded.detail",
+            (task_id, d.delivery, d.at.timestamp(), d.worker_id, d.reason.value,
+             d.previous_owner, d.detail),
+        )
 
     def heartbeat(self, task_id: str, fence: int, *, lease_secs: float) -> bool:
         """Extend the lease; False when the worker no longer holds it."""
@@ -311,3 +340,68 @@ class SQLTaskStore:
 
         return self._operator(task_id, change)
 
+    # --- deliveries and running workers ---------------------------------------------
+
+    def _sibling(self, name: str) -> str:
+        """Another table of this store, in the same schema as ``self.table``."""
+        schema, dot, _ = self.table.rpartition(".")
+        return f"{schema}{dot}{name}"
+
+    @property
+    def _deliveries_table(self) -> str:
+        return self._sibling("rateloop_task_deliveries")
+
+    @property
+    def _workers_table(self) -> str:
+        return self._sibling("rateloop_workers")
+
+    def deliveries(self, task_id: str) -> list[Delivery]:
+        """Why each delivery of a task happened, the first first."""
+        with self._lock, self._transaction(False) as q:
+            rows = q(
+                "SELECT delivery, at, worker_id, reason, previous_owner, detail "
+                f"FROM {self._deliveries_table} WHERE task_id = ? ORDER BY delivery",
+                (task_id,),
+            )
+        return [
+            Delivery(delivery=int(n), at=_dt(at) or self.clock.now(), worker_id=worker,
+                     reason=DeliveryReason(reason), previous_owner=previous, detail=detail)
+            for n, at, worker, reason, previous, detail in rows
+        ]
+
+    def announce_worker(
+        self, worker_id: str, tasks: Collection[str], *, ttl_secs: float
+    ) -> None:
+        """Say that ``worker_id`` runs and knows ``tasks``, for ``ttl_secs`` unless renewed."""
+        now = self.clock.now().timestamp()
+        with self._lock, self._transaction(True) as q:
+            q(
+                f"INSERT INTO {self._workers_table} (worker_id, tasks, seen_at, expires_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
+                "tasks = excluded.tasks, seen_at = excluded.seen_at, "
+                "expires_at = excluded.expires_at",
+                (worker_id, json.dumps(sorted(tasks)), now, now + ttl_secs),
+            )
+            # Killed workers never retire: forget them a day after they went silent.
+            q(f"DELETE FROM {self._workers_table} WHERE expires_at < ?", (now - 86400.0,))
+
+    def retire_worker(self, worker_id: str) -> None:
+        """``worker_id`` stopped: it no longer counts as running."""
+        with self._lock, self._transaction(True) as q:
+            q(f"DELETE FROM {self._workers_table} WHERE worker_id = ?", (worker_id,))
+
+    def live_workers(self) -> list[WorkerPresence]:
+        """The workers whose announcement has not run out, by id."""
+        now = self.clock.now().timestamp()
+        with self._lock, self._transaction(False) as q:
+            rows = q(
+                f"SELECT worker_id, tasks, seen_at, expires_at FROM {self._workers_table} "
+                "WHERE expires_at > ? ORDER BY worker_id",
+                (now,),
+            )
+        return [
+            WorkerPresence(worker_id=w, tasks=tuple(json.loads(tasks)),
+                           seen_at=_dt(seen) or self.clock.now(),
+                           expires_at=_dt(expires) or self.clock.now())
+            for w, tasks, seen, expires in rows
+        ]

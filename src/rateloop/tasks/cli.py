@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,7 +15,9 @@ from typing import Annotated, Any
 import typer
 
 from rateloop.errors import BackendError, ConfigError
+from rateloop.tasks.deliveries import delivery_summary
 from rateloop.tasks.model import TaskRecord, runtime_summary
+from rateloop.tasks.presence import WorkerPresence, worker_note
 from rateloop.tasks.queue import QueuePolicy
 from rateloop.tasks.states import TaskState
 from rateloop.tasks.store import TaskStore, open_store
@@ -27,6 +31,33 @@ Store = Annotated[str, typer.Option("--store", help=_STORE_HELP, envvar="RATELOO
 def _fail(message: str, code: int = 2) -> typer.Exit:
     typer.echo(f"rateloop: {message}", err=True)
     return typer.Exit(code)
+
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+               "error": logging.ERROR}
+
+
+@contextmanager
+def _logging_to_stderr(level: str) -> Iterator[None]:
+    """rateloop's own log lines on stderr while the command runs.
+
+    Only the ``rateloop`` loggers, never the root logger: a third-party INFO line
+    (an HTTP client logging the URL it called) may carry a key.  rateloop's lines
+    carry ids, states and reasons, never a task's arguments or a prompt.
+    """
+    logger = logging.getLogger("rateloop")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(_LOG_LEVELS[level])
+    logger.propagate = False  # an --app that configures the root logger gets no duplicates
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])  # setLevel, not .level: it clears the loggers' level caches
+        logger.propagate = saved[1]
 
 
 @contextmanager
@@ -54,18 +85,23 @@ def worker_command(
     policy: Annotated[
         Path | None, typer.Option(help="RATE loop policy file (TOML or YAML) for the steps.")
     ] = None,
+    log_level: Annotated[
+        str, typer.Option(help=f"Log on stderr from this level: {', '.join(_LOG_LEVELS)}.")
+    ] = "info",
 ) -> None:
     """Run workers until SIGTERM/SIGINT; the step in flight finishes and its task is released."""
     from rateloop.policy import Policy
     from rateloop.tasks.definition import registry
     from rateloop.tasks.worker import import_app, run_worker
 
+    if log_level.lower() not in _LOG_LEVELS:
+        raise _fail(f"--log-level {log_level!r}: allowed: {', '.join(_LOG_LEVELS)}")
     for load in _BUILTIN_TASKS:
         load()
     for spec in app or []:
         try:
             import_app(spec)
-        except (ImportError, OSError) as exc:
+        except (ImportError, OSError) as exc:  # import_app turns every import error into these
             raise _fail(str(exc)) from None
     try:
         loop_policy = Policy.from_file(policy) if policy is not None else None
@@ -81,23 +117,32 @@ def worker_command(
     names = ", ".join(registry.names()) or "none (use --app)"
     typer.echo(f"rateloop worker: {concurrency} thread(s), tasks: {names}", err=True)
     try:
-        stats = run_worker(
-            store, stop=stop, concurrency=concurrency, tasks=registry,
-            policy=QueuePolicy(lease_secs=lease_secs), loop_policy=loop_policy,
-            poll_secs=poll_secs,
-        )
+        with _logging_to_stderr(log_level.lower()):
+            stats = run_worker(
+                store, stop=stop, concurrency=concurrency, tasks=registry,
+                policy=QueuePolicy(lease_secs=lease_secs), loop_policy=loop_policy,
+                poll_secs=poll_secs,
+            )
     except (ConfigError, BackendError, ImportError) as exc:
         raise _fail(str(exc)) from None
     done = ", ".join(f"{k} {v}" for k, v in sorted(stats.by_state.items())) or "none"
     typer.echo(f"rateloop worker: stopped after {stats.deliveries} deliveries ({done})", err=True)
 
 
-def _row(rec: TaskRecord) -> str:
+def _row(rec: TaskRecord, note: str | None) -> str:
     ck = rec.checkpoint
     when = ck.next_attempt_at.isoformat() if rec.state.waiting and ck.next_attempt_at else "-"
     step = f"{ck.current_step}/{len(rec.steps)}"
+    reason = "; ".join(x for x in (ck.reason, note) if x)
     return (f"{rec.task_id:<32}  {rec.name:<16}  {rec.state.value:<22}  {rec.priority.value:<11}  "
-            f"{step:>5}  {when:<25}  {ck.reason}")
+            f"{step:>5}  {when:<25}  {reason}")
+
+
+def _workers_line(live: list[WorkerPresence]) -> str:
+    if not live:
+        return "running workers: none"
+    names = sorted({n for w in live for n in w.tasks})
+    return f"running workers: {len(live)} (tasks: {', '.join(names) or 'none'})"
 
 
 def list_command(
@@ -109,7 +154,7 @@ def list_command(
     limit: Annotated[int, typer.Option(min=1)] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON summary per line.")] = False,
 ) -> None:
-    """What waits, why, until when; what is done and what remains."""
+    """What waits, why, until when; what is done and what remains; what no worker can run."""
     try:
         states = [TaskState(s) for s in state or []]
     except ValueError:
@@ -119,15 +164,19 @@ def list_command(
     with _opened(store) as s:
         records = s.list_tasks(states=states or None, limit=limit)
         counts = s.counts()
+        live = s.live_workers()
     if as_json:
         for rec in records:
-            typer.echo(json.dumps(runtime_summary(rec), sort_keys=True))
+            line = runtime_summary(rec)
+            line["note"] = worker_note(rec, live)
+            typer.echo(json.dumps(line, sort_keys=True))
         return
     typer.echo(f"{'TASK':<32}  {'NAME':<16}  {'STATE':<22}  {'PRIORITY':<11}  {'STEP':>5}  "
                f"{'NEXT ATTEMPT':<25}  REASON")
     for rec in records:
-        typer.echo(_row(rec))
+        typer.echo(_row(rec, worker_note(rec, live)))
     typer.echo(", ".join(f"{k.value} {v}" for k, v in sorted(counts.items())) or "no tasks")
+    typer.echo(_workers_line(live))
 
 
 def show_command(
@@ -135,15 +184,20 @@ def show_command(
     *,
     store: Store,
 ) -> None:
-    """One task: its runtime summary and its checkpoint, as JSON."""
+    """One task: its runtime summary, its checkpoint and why each delivery happened, as JSON."""
     with _opened(store) as s:
         rec = s.get(task_id)
-    if rec is None:
-        raise _fail(f"no task {task_id!r} in {store}", 1)
+        if rec is None:
+            raise _fail(f"no task {task_id!r} in {store}", 1)
+        history = s.deliveries(task_id)
+        live = s.live_workers()
     out = runtime_summary(rec)
     out["checkpoint"] = json.loads(rec.checkpoint.to_json())
     out["deliveries"] = rec.deliveries
+    out["delivery_summary"] = delivery_summary(rec.deliveries, history)
+    out["delivery_history"] = [d.to_dict() for d in history]
     out["lease_owner"] = rec.lease_owner
+    out["note"] = worker_note(rec, live)
     typer.echo(json.dumps(out, indent=2, sort_keys=True))
 
 

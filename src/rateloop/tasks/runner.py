@@ -148,11 +148,23 @@ class _BaseRunner:
             deadline=due,
         )
 
+    def _claim(self) -> TaskRecord | None:
+        """Lease the most urgent ready task this runner has a definition for (blocking)."""
+        return self.store.claim(
+            self.worker_id, lease_secs=self.policy.lease_secs, names=self.tasks.names()
+        )
+
     def _log_delivery(self, claimed: TaskRecord, last: TaskRecord | None) -> None:
         # Ids, states and the loop's reasons only: never the task's arguments or results.
         if last is None:
-            _log.warning("task %s (%s): lease lost; another worker owns it now",
-                         claimed.task_id, claimed.name)
+            # The store refused the write: the fence moved on.  Who has it now is in
+            # `rateloop tasks show` (the next delivery names this worker).
+            _log.warning(
+                "task %s (%s): worker %s lost its lease (fence %d): it expired and another "
+                "worker took the task, or an operator cancelled it; the work since the last "
+                "checkpoint is not saved", claimed.task_id, claimed.name, self.worker_id,
+                claimed.fence,
+            )
             return
         _log.info("task %s (%s): %s at step %d/%d: %s", last.task_id, last.name,
                   last.state.value, last.checkpoint.current_step, len(last.steps),
@@ -199,7 +211,7 @@ class TaskRunner(_BaseRunner):
 
     def run_next(self) -> TaskRecord | None:
         """Claim the most urgent ready task and run it; None when nothing is ready."""
-        rec = self.store.claim(self.worker_id, lease_secs=self.policy.lease_secs)
+        rec = self._claim()
         if rec is None:
             return None
         return self.run_claimed(rec)
@@ -210,7 +222,7 @@ class TaskRunner(_BaseRunner):
         while limit is None or len(done) < limit:
             if self.stop.is_set():
                 break
-            rec = self.store.claim(self.worker_id, lease_secs=self.policy.lease_secs)
+            rec = self._claim()
             if rec is None:
                 break
             last = self.run_claimed(rec)
@@ -314,9 +326,7 @@ class AsyncTaskRunner(_BaseRunner):
         return await asyncio.to_thread(self.store.submit, rec, self.policy)
 
     async def run_next(self) -> TaskRecord | None:
-        rec = await asyncio.to_thread(
-            self.store.claim, self.worker_id, lease_secs=self.policy.lease_secs
-        )
+        rec = await asyncio.to_thread(self._claim)
         if rec is None:
             return None
         return await self.run_claimed(rec)
@@ -326,9 +336,7 @@ class AsyncTaskRunner(_BaseRunner):
         while limit is None or len(done) < limit:
             if self.stop.is_set():
                 break
-            rec = await asyncio.to_thread(
-                self.store.claim, self.worker_id, lease_secs=self.policy.lease_secs
-            )
+            rec = await asyncio.to_thread(self._claim)
             if rec is None:
                 break
             last = await self.run_claimed(rec)
