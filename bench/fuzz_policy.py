@@ -10,9 +10,10 @@ runs, bounded, in ``tests/test_policy_fuzz.py``): every table the schema
 knows, filled with values of the wrong kind, empty and unknown keys, numbers
 past every bound, mixed-case URL schemes and junk nested where a leaf
 belongs.  Each document is loaded with ``Policy.from_dict``; a load may
-succeed or raise ``ConfigError``, and anything else is a crash.  The last
-line gives the number of crashes (must be 0); the exit status is 1 when there
-is any, and the distinct crashes are listed with one document each.
+succeed or raise ``ConfigError``, and anything else is a crash; a document
+with an empty key anywhere that loads is counted too (an empty key is an
+error).  The last line gives both numbers (must be 0); the exit status is 1
+when either is not, and the distinct crashes are listed with one document each.
 """
 
 from __future__ import annotations
@@ -33,13 +34,21 @@ from rateloop.errors import ConfigError
 from rateloop.policy import Policy
 
 
+def _empty_key(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(k == "" or _empty_key(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_empty_key(v) for v in value)
+    return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=22)
     args = parser.parse_args()
 
-    loaded = refused = 0
+    loaded = refused = silent = 0
     crashes: Counter[str] = Counter()
     sample: dict[str, Any] = {}
 
@@ -53,7 +62,7 @@ def main() -> int:
     )
     @given(doc=policy_documents())
     def run(doc: dict[Any, Any]) -> None:
-        nonlocal loaded, refused
+        nonlocal loaded, refused, silent
         try:
             Policy.from_dict(doc, source="fuzz")
         except ConfigError:
@@ -65,6 +74,7 @@ def main() -> int:
             sample.setdefault(kind, doc)
             return
         loaded += 1
+        silent += _empty_key(doc)
 
     started = time.perf_counter()
     run()
@@ -75,9 +85,9 @@ def main() -> int:
     print(
         f"{total} documents (seed {args.seed}) in {secs:.1f} s: {loaded} loaded, "
         f"{refused} ConfigError, {sum(crashes.values())} crashes "
-        f"({len(crashes)} distinct)"
+        f"({len(crashes)} distinct), {silent} loaded with an empty key"
     )
-    return 1 if crashes else 0
+    return 1 if crashes or silent else 0
 
 
 if __name__ == "__main__":

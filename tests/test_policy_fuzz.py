@@ -174,7 +174,7 @@ def _empty_key_anywhere(value: Any) -> bool:
 
 @seed(22)
 @settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -212,8 +212,12 @@ _CLI_DOCS = [
     {"": {"max_attempts": 5}},
     {"limits": {SCOPE: {"requests_per_minute": 10**13, "burst": 0, "rpm": 1}}},
     {"admission": {"backend": "REDIS://127.0.0.1:6379/0"}},
-    {"fallback": {"routes": [{"provider": [], "model": {}}, 7]}, "governance": {"locked": [[]]}},
-    {"backoff": {"max_delay_secs": float("nan"), "multiplier": 10**400}, 0: None},
+    {
+        "fallback": {"routes": [{"provider": [], "model": {}}, 7]},
+        "governance": {"locked": [[]]},
+        "backoff": {"max_delay_secs": float("nan"), "multiplier": 10**400},
+        0: None,
+    },
 ]
 
 
