@@ -74,13 +74,13 @@ def test_check_shows_the_layer_of_every_value_and_lock_warnings(
     assert strict.exit_code == 1
 
 
-def test_check_reports_every_error_and_exits_1(runner: CliRunner, tmp_path: Path) -> None:
+def test_check_reports_every_error_and_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     bad = write(tmp_path, "bad.toml", "max_attempts = 0\n[backoff]\njiter = 'full'\n")
     broken = write(tmp_path, "broken.yaml", "a: [1\n")
     result = runner.invoke(app, ["config", "check", str(bad), str(broken)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     text = result.output
-    assert "invalid policy: 3 errors" in text
+    assert text.startswith("rateloop: invalid policy: 3 errors\n")
     assert f"{bad}: max_attempts: invalid value 0 (allowed: an integer from 1 to 1000)" in text
     assert "did you mean 'jitter'?" in text
     assert f"{broken}: invalid YAML at line 2" in text
@@ -134,7 +134,7 @@ def test_schedule_with_one_attempt_and_with_errors(runner: CliRunner, tmp_path: 
     assert result.exit_code == 0
     assert "no retries: max_attempts is 1" in result.output
     bad = write(tmp_path, "bad.toml", "max_attempts = 1001\n")
-    assert runner.invoke(app, ["config", "schedule", str(bad)]).exit_code == 1
+    assert runner.invoke(app, ["config", "schedule", str(bad)]).exit_code == 2
 
 
 def test_schedule_rows_collapse_identical_runs() -> None:
@@ -199,7 +199,7 @@ def test_check_rejects_a_bad_port_without_crashing(runner: CliRunner, tmp_path: 
     path = tmp_path / "p.toml"
     path.write_text('[admission]\nbackend = "redis://:s3cretpw@127.0.0.1:99999/0"\n')
     result = runner.invoke(app, ["config", "check", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "admission.backend" in result.output and "a port from 1 to 65535" in result.output
     assert "s3cretpw" not in result.output
 

@@ -295,7 +295,8 @@ def test_status_rejects_a_bad_policy_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('[limits."openai:gpt-5"]\nrequests_per_minute = -1\n')
     out = rateloop("status", "-c", str(path))
-    assert out.returncode == 1
+    assert out.returncode == 2
+    assert out.stderr.startswith("rateloop: invalid policy: ")
     assert "requests_per_minute" in out.stderr and "-1" in out.stderr
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rateloop._clock import system_clock
+from rateloop._url import url_scheme
 from rateloop.errors import BackendError, ConfigError
 from rateloop.observe.queue_state import QueueState
 from rateloop.observe.state import ScopeState, Snapshot
@@ -69,11 +70,12 @@ def _limits_and_url(
         try:
             policy = Policy.layered(Layer.defaults(), *(Layer.from_file(p) for p in config))
         except ConfigError as exc:
-            typer.echo(f"invalid policy: {exc}", err=True)
-            raise typer.Exit(1) from None
+            # Bad input, like an unreachable Redis: exit 2, never 1 (a crash's code).
+            typer.echo(f"rateloop: invalid policy: {exc}", err=True)
+            raise typer.Exit(2) from None
         limits = dict(policy.limits)
         backend = policy.admission.backend
-        if url is None and backend.split("://", 1)[0] in ("redis", "rediss", "unix"):
+        if url is None and url_scheme(backend) in ("redis", "rediss", "unix"):
             url = backend
     return limits, url or _DEFAULT_REDIS
 

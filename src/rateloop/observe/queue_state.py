@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from rateloop._url import url_scheme
 from rateloop.errors import BackendError
 
 __all__ = ["QueueState", "open_store_readonly", "read_queue"]
@@ -93,9 +94,8 @@ def open_store_readonly(url: str) -> Any:
     """Open an existing task store; a SQLite file that does not exist is an error, not created."""
     from rateloop.tasks.store import open_store
 
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is not None and parts.scheme == "sqlite":
-        path = parts.path[1:]
+    if url_scheme(url) == "sqlite":
+        path = urlsplit(url).path[1:]
         if path and not os.path.exists(path):
             raise BackendError(
                 f"no task store at {path!r}: pass the --store URL your workers use "

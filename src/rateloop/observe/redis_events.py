@@ -28,6 +28,7 @@ from typing import Any
 
 from rateloop._clock import system_clock
 from rateloop._redact import redact_url
+from rateloop._url import lower_scheme
 from rateloop.admission.backends.keys import events_key
 from rateloop.observe._metrics import Metric, MetricSink
 from rateloop.outcome.events import CapacityEvent
@@ -85,8 +86,9 @@ class RedisEventSink(MetricSink):
         self.url = redact_url(url)
         self.key = events_key(prefix)
         self.maxlen = maxlen
+        # redis-py before 8 compares its schemes case-sensitively: the canonical spelling.
         self._client: Any = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+            lower_scheme(url), socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
         )
         self._warned_at = -float("inf")
         self._current = threading.local()

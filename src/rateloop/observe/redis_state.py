@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rateloop._redact import redact_url
+from rateloop._url import lower_scheme
 from rateloop.admission.backends.keys import (
     KINDS,
     LEARNED,
@@ -67,8 +68,9 @@ class RedisStateReader:
         self._profiles = KnownLimits(shared=False)
         for scope, spec in self.limits.items():
             self._profiles.set_limits(scope, spec)
+        # redis-py before 8 compares its schemes case-sensitively: the canonical spelling.
         self._client: Any = redis.Redis.from_url(
-            url,
+            lower_scheme(url),
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,

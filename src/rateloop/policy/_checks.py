@@ -1,8 +1,9 @@
 """Checks of single values the schema table cannot express: scope keys, limit bounds, URLs.
 
 A ``[limits."scope"]`` key must be a scope some route can have; every
-numeric limit field has an upper bound (``LimitSpec`` checks the lower ones
-and the kinds); a backend URL needs a scheme and a port that parses.
+numeric limit field has an upper bound and the profile is a name
+(``LimitSpec`` checks the lower bounds and the other kinds); a backend URL
+needs a scheme (in any case: RFC 3986) and a port that parses.
 :func:`shown` keeps a huge number out of an error message.
 """
 
@@ -14,7 +15,18 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LIMIT_BOUNDS", "limit_bound_problems", "scope_key_problem", "shown", "url_problem"]
+from rateloop._url import url_scheme
+from rateloop.admission.profile import PROFILES
+
+__all__ = [
+    "LIMIT_ALIASES",
+    "LIMIT_BOUNDS",
+    "limit_bound_problems",
+    "limit_kind_problems",
+    "scope_key_problem",
+    "shown",
+    "url_problem",
+]
 
 #: The upper bound of each numeric [limits."scope"] field (LimitSpec checks the rest).
 LIMIT_BOUNDS: Mapping[str, tuple[float, str]] = {
@@ -33,9 +45,16 @@ LIMIT_BOUNDS: Mapping[str, tuple[float, str]] = {
     "burst": (1, "a fraction 0 < burst <= 1"),
     "reserve": (0.5, "a fraction 0 <= reserve < 0.5"),
 }
+#: The short names of limit fields that providers' consoles print, written by habit.
+LIMIT_ALIASES: Mapping[str, str] = {
+    "rpm": "requests_per_minute",
+    "rpd": "requests_per_day",
+    "tpm": "tokens_per_minute",
+    "itpm": "input_tokens_per_minute",
+    "otpm": "output_tokens_per_minute",
+}
 _SCOPE_SEGMENT = re.compile(r"^[^\s:]+$")
 _PROVIDER = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
-_URL = re.compile(r"^[a-z][a-z0-9+.\-]*://")
 
 
 def shown(value: Any) -> str:
@@ -50,7 +69,8 @@ def shown(value: Any) -> str:
 
 def url_problem(url: str) -> str | None:
     """Why ``url`` is not a usable backend URL (scheme, port), or None."""
-    if not _URL.match(url):
+    scheme = url_scheme(url)
+    if not scheme or not url[len(scheme) + 1 :].startswith("//"):
         return "it has no scheme such as 'redis://'"
     try:
         port = urlsplit(url).port
@@ -93,3 +113,15 @@ def limit_bound_problems(spec: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
         if too_big:
             out.append((name, value, allowed))
     return out
+
+
+def limit_kind_problems(spec: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """(field, value, allowed) for a ``profile`` that is not a name.
+
+    ``LimitSpec`` looks the profile up in a dict, so a list or a table there
+    would raise ``TypeError`` instead of a ConfigError; the policy names it first.
+    """
+    profile = spec.get("profile")
+    if profile is None or isinstance(profile, str):
+        return []
+    return [("profile", profile, ", ".join(repr(p) for p in PROFILES))]

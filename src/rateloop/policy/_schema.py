@@ -26,7 +26,9 @@ from typing import Any, Literal
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import ConfigError
 from rateloop.policy._checks import (
+    LIMIT_ALIASES,
     limit_bound_problems,
+    limit_kind_problems,
     scope_key_problem,
     shown,
     url_problem,
@@ -274,7 +276,13 @@ class _Checker:
 
     def unknown(self, path: Path, known: list[str], value: Any, table: str) -> None:
         name = str(path[-1])
-        hint = _where_else(name, table) or _hint(name, known)
+        if not name:
+            # "" = {...} would otherwise read as the top level (SCHEMA's key for it).
+            self.error(path, "empty key: a key needs a name", value, ", ".join(known))
+            return
+        alias = LIMIT_ALIASES.get(name.lower()) if table == "limits" else None
+        hint = f"; did you mean {alias!r}?" if alias else ""
+        hint = hint or _where_else(name, table) or _hint(name, known)
         self.error(path, f"unknown key {name!r}{hint}", value, ", ".join(known))
 
     def table(self, path: Path, value: Any) -> Mapping[Any, Any] | None:
@@ -337,24 +345,39 @@ class _Checker:
             if problem is not None:
                 self.error(
                     path,
-                    f"invalid scope key {scope!r}: {problem}",
+                    "empty key: a key needs a name"
+                    if scope == ""
+                    else f"invalid scope key {scope!r}: {problem}",
                     scope,
                     "provider:model[:project[:tenant]]",
                 )
                 continue
-            if isinstance(spec, Mapping):
-                bounds = limit_bound_problems(spec)
-                for name, v, allowed in bounds:
-                    self.invalid((*path, str(name)), v, allowed)
-                if bounds:
-                    continue
-            try:
-                LimitSpec.from_mapping(spec, source=self.source, key=dotted(path))
-            except ConfigError as exc:
-                self.errors.extend(exc.errors)
+            if not isinstance(spec, Mapping):
+                self.limit_spec(path, spec)
                 continue
+            # Every bad field is named together: an unknown key, a number past its
+            # bound or a value of the wrong kind does not hide the others.
+            before = len(self.errors)
+            known: dict[str, Any] = {}
             for name, v in spec.items():
-                self.leaves[(*path, name)] = v
+                if isinstance(name, str) and name in _LIMIT_FIELDS:
+                    known[name] = v
+                else:
+                    self.unknown((*path, str(name)), list(_LIMIT_FIELDS), v, "limits")
+            for name, v, allowed in limit_bound_problems(known) + limit_kind_problems(known):
+                self.invalid((*path, name), v, allowed)
+                del known[name]
+            self.limit_spec(path, known)
+            if len(self.errors) == before:
+                for name, v in known.items():
+                    self.leaves[(*path, name)] = v
+
+    def limit_spec(self, path: Path, spec: Any) -> None:
+        """LimitSpec's own checks of the fields left (lower bounds, kinds, formats)."""
+        try:
+            LimitSpec.from_mapping(spec, source=self.source, key=dotted(path))
+        except ConfigError as exc:
+            self.errors.extend(exc.errors)
 
     def locked(self, value: Any) -> None:
         path = ("governance", "locked")
@@ -397,7 +420,10 @@ def check_layer(data: Any, source: str) -> tuple[dict[Path, Any], list[ConfigErr
     top_known = [*SCHEMA[""], *TABLES]
     for key, value in data.items():
         name = str(key)
-        if name in SCHEMA[""]:
+        if not name:
+            # "" is SCHEMA's name for the top level, not a key a file may use.
+            c.unknown((name,), top_known, value, "")
+        elif name in SCHEMA[""]:
             c.leaf((name,), SCHEMA[""][name], value)
         elif name == "limits":
             c.limits(value)

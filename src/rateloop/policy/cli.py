@@ -2,7 +2,8 @@
 
 ``rateloop config check FILE…`` layers the files in order over the defaults
 and prints every effective value with the layer it came from, then any lock
-warnings; on a bad file it prints every error and exits 1.
+warnings; on a bad file it prints every error (``rateloop: invalid policy: N
+errors``, then one line each) and exits 2, the usage-error code.
 
 ``rateloop config schedule [FILE…]`` prints the backoff table: for each retry
 the formula, its capped value and the range of the wait once jitter is
@@ -23,7 +24,10 @@ from rateloop.policy import Layer, Policy
 from rateloop.route import Route
 from rateloop.timing.backoff import Backoff
 
-__all__ = ["register", "schedule_rows"]
+__all__ = ["EXIT_INVALID", "register", "schedule_rows"]
+
+#: A policy that does not load: bad input, click's usage-error code (not 1, a crash's).
+EXIT_INVALID = 2
 
 config_app = typer.Typer(
     name="config",
@@ -44,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _load(files: Sequence[Path]) -> Policy:
-    """The layered policy, or every error printed and exit 1."""
+    """The layered policy, or every error printed and exit 2."""
     layers = [Layer.defaults()]
     errors: list[ConfigError] = []
     for path in files:
@@ -60,10 +64,10 @@ def _load(files: Sequence[Path]) -> Policy:
     if not errors:
         return policy
     noun = "error" if len(errors) == 1 else "errors"
-    typer.echo(f"invalid policy: {len(errors)} {noun}", err=True)
+    typer.echo(f"rateloop: invalid policy: {len(errors)} {noun}", err=True)
     for err in errors:
         typer.echo(f"  {err}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(EXIT_INVALID)
 
 
 def _show(value: Any) -> str:

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rateloop._clock import Clock
 from rateloop._redact import redact_url
+from rateloop._url import url_scheme
 from rateloop.errors import ConfigError
 from rateloop.tasks.deliveries import Delivery
 from rateloop.tasks.model import TaskRecord
@@ -74,9 +75,9 @@ def _parse(url: str) -> tuple[str, str, dict[str, str]]:
     """``(engine, path or DSN, options)`` of a store URL, or a ConfigError naming it."""
     if not isinstance(url, str) or "://" not in url:
         raise _bad(str(url), "is not a URL")
-    parts = urlsplit(url)
+    parts, scheme = urlsplit(url), url_scheme(url)
     query = dict(parse_qsl(parts.query))
-    if parts.scheme == "sqlite":
+    if scheme == "sqlite":
         if parts.netloc:
             raise _bad(url, "names a host; SQLite URLs have three slashes: sqlite:///path")
         path = parts.path[1:]
@@ -89,7 +90,7 @@ def _parse(url: str) -> tuple[str, str, dict[str, str]]:
         if sync not in ("full", "normal"):
             raise _bad(url, f"has synchronous={sync!r}; allowed: full, normal")
         return "sqlite", path, {"synchronous": sync}
-    if parts.scheme in ("postgresql", "postgres"):
+    if scheme in ("postgresql", "postgres"):
         schema = query.pop("schema", "rateloop")
         if not _SCHEMA.match(schema):
             raise _bad(
@@ -97,7 +98,7 @@ def _parse(url: str) -> tuple[str, str, dict[str, str]]:
             )
         dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(query), ""))
         return "postgres", dsn, {"schema": schema}
-    raise _bad(url, f"has an unsupported scheme {parts.scheme!r}")
+    raise _bad(url, f"has an unsupported scheme {scheme!r}")
 
 
 def check_store_url(url: str) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rateloop._clock import Clock
 from rateloop._redact import redact_url
+from rateloop._url import url_scheme
 from rateloop.admission.backends.codec import RedisCodec
 from rateloop.admission.backends.protocol import Backend
 from rateloop.admission.backends.registry import register_backend
@@ -54,15 +55,15 @@ class RedisBackend:
                 f"a Redis key prefix may not contain braces (they make the cluster hash tag), "
                 f"got {prefix!r}"
             )
-        scheme, sep, rest = url.partition("://")
+        scheme = url_scheme(url)
         # redis+cluster:// (or rediss+cluster://): a Redis Cluster, through any of its nodes.
-        self.cluster = scheme.lower().endswith("+cluster")
+        self.cluster = scheme.endswith("+cluster")
         self.url = redact_url(url)
         self.prefix = prefix
         self.codec = RedisCodec(prefix)
         self._packed = not self.cluster  # a cluster client routes by key: no packed commands
         self._clients: RedisClients = RedisClients(
-            f"{scheme.lower().removesuffix('+cluster')}{sep}{rest}",
+            scheme.removesuffix("+cluster") + url[len(scheme) :],
             self.url,
             cluster=self.cluster,
             options={

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from rateloop._clock import Clock
+from rateloop._url import url_scheme
 from rateloop.admission.backends.protocol import Backend
 from rateloop.errors import ConfigError
 
@@ -37,8 +37,7 @@ def registered_schemes() -> tuple[str, ...]:
 
 def backend_from_url(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
     """Build the backend for ``url`` (``memory://``, ``redis://host:port/db``, ...)."""
-    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
-    factory = _REGISTRY.get(scheme)
+    factory = _REGISTRY.get(url_scheme(url))
     if factory is None:
         raise ConfigError(
             f"unknown limiter backend URL {url!r}",
