@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from _policy_docs import policy_documents
+from rateloop import LimitSpec
 from rateloop.cli import app
 from rateloop.errors import ConfigError
 from rateloop.policy import Layer, Policy
@@ -48,6 +49,12 @@ def test_a_profile_that_is_not_a_name_is_a_config_error(value: Any) -> None:
     assert err.key == f'limits."{SCOPE}".profile'
     assert err.value == value
     assert "'openai'" in (err.allowed or "") and "'anthropic'" in (err.allowed or "")
+
+
+@pytest.mark.parametrize("value", [[], {}, ["openai"], 7])
+def test_a_limit_spec_built_in_code_with_a_profile_that_is_not_a_name(value: Any) -> None:
+    with pytest.raises(ConfigError, match=r"profile: invalid value .*'openai'"):
+        LimitSpec(requests_per_minute=1, profile=value)
 
 
 @pytest.mark.parametrize(

@@ -167,6 +167,8 @@ def _validate(spec: LimitSpec, *, source: str | None, prefix: str) -> list[Confi
         or not 0 <= reserve < 0.5
     ):
         bad("reserve", reserve, "a fraction 0 <= reserve < 0.5")
-    if spec.profile is not None and spec.profile not in PROFILES:
+    if spec.profile is not None and (
+        not isinstance(spec.profile, str) or spec.profile not in PROFILES
+    ):
         bad("profile", spec.profile, ", ".join(repr(p) for p in PROFILES))
     return errors
