@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _tasks_campaign import main  # noqa: E402
+from _tasks_campaign import main
 
 if __name__ == "__main__":
     main()

@@ -221,7 +221,7 @@ def run_campaign(
         runner = TaskRunner(store, tasks=[app.campaign],
                             policy=QueuePolicy(max_depth=max(10_000, tasks)))
         # The post's answer waits longest, so that random kills land there too.
-        sleep = {name: step_secs for name in app.campaign.step_names} | {"post": 3 * step_secs}
+        sleep = dict.fromkeys(app.campaign.step_names, step_secs) | {"post": 3 * step_secs}
         ids = [
             runner.submit(app.campaign, {"sleep": sleep, "die_in_post": i in dying}).task_id
             for i in range(tasks)

@@ -21,7 +21,7 @@ import pytest
 
 import tasks_campaign_app as app
 from _tasks_campaign import Fleet, run_campaign, wait_booted
-from rateloop.tasks import QueuePolicy, TaskRunner, TaskState, open_store
+from rateloop.tasks import TaskRunner, TaskState, open_store
 from rateloop.tasks.postgres_store import PostgresTaskStore
 
 
