@@ -352,3 +352,21 @@ def test_a_refused_write_wakes_without_a_check(
     done = h.get(rec.task_id)
     assert done.state is TaskState.COMPLETED
     assert calls == ["prepare", "post", "post", "notify"] and asked == []
+
+
+def test_a_local_write_that_crashed_needs_an_operator(
+    mode: str, store: TaskStore, clock: FakeClock
+) -> None:
+    reg, calls = TaskRegistry(), []
+    t = task("local", into=reg)
+
+    @t.step(idempotent=False)
+    def push(ctx: StepContext) -> str:
+        calls.append("push")
+        if len(calls) == 1:
+            raise Crash
+        return "pushed"
+
+    done = crash_then_redeliver(mode, store, clock, t, reg)
+    assert done.state is TaskState.NEEDS_OPERATOR and calls == ["push"]
+    assert "unknown_outcome" in done.checkpoint.reason

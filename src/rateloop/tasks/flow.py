@@ -126,12 +126,11 @@ def _json_value(value: Any) -> Any:
 def _earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
     """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now."""
     routes = (step.route, *(step.fallbacks or ())) if step.route is not None else ()
-    check = step.outcome_check
     unknown = (f"unknown_outcome: step {step.name} (a write) may have taken effect in an "
                "earlier delivery")
-    if check is None or not routes:
-        return Outcome(status=Status.NEEDS_OPERATOR,
-                       reason=f"{unknown} and there is no outcome_check")
+    if step.outcome_check is None or not routes:
+        missing = "there is no outcome_check" if routes else "it has no route to check it on"
+        return Outcome(status=Status.NEEDS_OPERATOR, reason=f"{unknown} and {missing}")
     verdicts = []
     for route in routes:
         reply = yield CheckWrite(step, context, route)
