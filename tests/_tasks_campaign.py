@@ -20,9 +20,10 @@ the steps write:
 - ``dying_posts`` tasks kill their worker right after their post landed (a
   kill -9 at the worst point, on purpose): each must be settled by a check
   that says "landed" (``checks_landed``), never by a second post;
-- ``redeliveries`` against ``kills`` (the random ones and the dying posts): a single-threaded worker killed strands
-  at most one task, so ``false_redeliveries = max(0, redeliveries - kills)``
-  is a lower bound of the redeliveries no kill explains.
+- ``redeliveries`` against ``kills`` (the random ones and the dying posts):
+  a single-threaded worker killed strands at most one task, so
+  ``false_redeliveries = max(0, redeliveries - kills)`` is a lower bound of
+  the redeliveries no kill explains.
 
 Used by ``test_tasks_campaign.py`` (small, bounded) and ``bench/tasks_campaign.py``
 (full size)::
