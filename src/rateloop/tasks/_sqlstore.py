@@ -7,8 +7,10 @@ transaction.  Taking a task (``claim``) picks the ready row with the lowest
 rank — queued or waiting rows whose ``next_attempt_at`` has come, or running
 rows whose lease has expired — among the task names the worker has
 definitions for, bumps its fence, leases it, and records why it was delivered
-(a row in ``rateloop_task_deliveries``).  Every later
-write by that worker names the fence it got; a write with an older fence
+(a row in ``rateloop_task_deliveries``).  A heartbeat extends the lease, and a
+checkpoint never shortens it (the record a worker carries holds the expiry of
+its claim, older than its heartbeats).  Every later write by that worker
+names the fence it got; a write with an older fence
 changes nothing, so a worker that lost its lease (paused past it, cancelled
 by an operator) can never overwrite the task's new owner.  Worker processes
 announce the task names they know in ``rateloop_workers`` (see
@@ -137,16 +139,30 @@ class SQLTaskStore:
         )
         return self._row(rows[0]) if rows else None
 
-    def _update(self, q: Query, rec: TaskRecord, *, fence: int) -> bool:
-        """Write every mutable column, only when the row still carries ``fence``."""
+    def _update(self, q: Query, rec: TaskRecord, *, fence: int, keep_lease: bool = False) -> bool:
+        """Write every mutable column, only when the row still carries ``fence``.
+
+        With ``keep_lease``, a running record's expiry is the later of the
+        stored one and the record's: what a worker carries since its claim is
+        older than its heartbeats, and writing it back would hand the task to
+        the next idle worker while this one is alive.
+        """
+        expires = _ts(rec.lease_expires_at)
+        lease_sql, lease_args = "?", [expires]
+        if keep_lease and rec.state is TaskState.RUNNING and expires is not None:
+            lease_sql = (
+                "CASE WHEN lease_expires_at IS NOT NULL AND lease_expires_at > ? "
+                "THEN lease_expires_at ELSE ? END"
+            )
+            lease_args = [expires, expires]
         rows = q(
             f"UPDATE {self.table} SET state = ?, checkpoint = ?, updated_at = ?, "
-            "next_attempt_at = ?, deadline = ?, lease_owner = ?, lease_expires_at = ?, "
+            f"next_attempt_at = ?, deadline = ?, lease_owner = ?, lease_expires_at = {lease_sql}, "
             "fence = ?, deliveries = ? WHERE task_id = ? AND fence = ? RETURNING task_id",
             (
                 rec.state.value, rec.checkpoint.to_json(), _ts(rec.updated_at),
                 _ts(rec.next_attempt_at), _ts(rec.deadline), rec.lease_owner,
-                _ts(rec.lease_expires_at), rec.fence, rec.deliveries, rec.task_id, fence,
+                *lease_args, rec.fence, rec.deliveries, rec.task_id, fence,
             ),
         )
         return bool(rows)
@@ -262,9 +278,16 @@ class SQLTaskStore:
             return bool(rows)
 
     def save(self, rec: TaskRecord, *, fence: int) -> bool:
-        """Write a checkpoint (and state) if the worker still holds fence ``fence``."""
+        """Write a checkpoint (and state) if the worker still holds fence ``fence``.
+
+        A checkpoint of a running task never shortens its lease: the stored
+        expiry (a heartbeat's) stays unless the record's is later (a worker
+        renewing it).  A record that leaves ``running`` clears the lease.
+        """
         with self._lock, self._transaction(True) as q:
-            return self._update(q, replace(rec, updated_at=self.clock.now()), fence=fence)
+            return self._update(
+                q, replace(rec, updated_at=self.clock.now()), fence=fence, keep_lease=True
+            )
 
     def get(self, task_id: str) -> TaskRecord | None:
         with self._lock, self._transaction(False) as q:

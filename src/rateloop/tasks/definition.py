@@ -99,6 +99,8 @@ class Task:
         A write (``idempotent=False``) whose call fails ambiguously is never
         retried blindly: ``outcome_check(ctx, route)`` says whether it took
         effect (see :mod:`rateloop.timing.writes`); without one it ends ``needs_operator``.
+        The same check settles a write an earlier delivery started and never
+        answered (its worker died) before the step runs again.
         """
 
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,6 +25,19 @@ The rules, in order:
    reason names the exception's type, never its message.
 5. After a checkpoint, a worker asked to stop (SIGTERM) releases the task
    (``queued``, due now) instead of starting the next step.
+6. A write (``idempotent=False``) is marked in flight by a checkpoint before it
+   runs (``pending_operation.started_delivery``); its answer clears the mark.
+   A later delivery that finds the mark (the worker died, or lost its lease,
+   with the write unanswered) asks ``outcome_check(ctx, route)`` on the step's
+   route and each explicit fallback before anything else, as the loop does for
+   an ambiguous answer: ``applied`` records the step done (result ``None``)
+   without running it; ``not_applied`` on every route runs it; no check, a check
+   that cannot tell, or one that raises → ``needs_operator``
+   (``unknown_outcome``), and an operator's ``retry`` then runs it.
+
+Every checkpoint of a running task is also a lease check: a refused save (the
+fence moved: the lease was taken, or an operator cancelled) ends the delivery
+before another step starts.
 """
 
 from __future__ import annotations
@@ -36,12 +49,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rateloop.outcome.record import Outcome, Status
-from rateloop.route import Priority
+from rateloop.route import Priority, Route
 from rateloop.tasks.definition import Step, StepContext, Task
 from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
 from rateloop.tasks.states import TaskState
+from rateloop.timing.writes import WriteOutcome, normalize_write_outcome
 
-__all__ = ["RunStep", "Save", "SaveAck", "StepResult", "task_flow"]
+__all__ = ["CheckReply", "CheckWrite", "RunStep", "Save", "SaveAck", "StepResult", "task_flow"]
 
 #: Where a waiting outcome carries no retry_at (it should), try again after this long.
 DEFAULT_PARK_SECS = 60.0
@@ -74,7 +88,22 @@ class SaveAck:
     now: datetime
 
 
-Effect = RunStep | Save
+@dataclass(frozen=True, slots=True)
+class CheckWrite:
+    """Ask ``step.outcome_check(context, route)`` whether an earlier delivery's write landed."""
+
+    step: Step
+    context: StepContext
+    route: Route
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReply:
+    verdict: Any  # what the check returned, not yet normalized
+    error: BaseException | None
+
+
+Effect = RunStep | Save | CheckWrite
 Flow = Generator[Effect, Any, TaskRecord | None]
 
 _FAILED_TO_STATE = {
@@ -92,6 +121,35 @@ def _listing(names: tuple[str, ...]) -> str:
 def _json_value(value: Any) -> Any:
     json.dumps(value)  # a TypeError names the type
     return value
+
+
+def _earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
+    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now."""
+    routes = (step.route, *(step.fallbacks or ())) if step.route is not None else ()
+    unknown = (f"unknown_outcome: step {step.name} (a write) may have taken effect in an "
+               "earlier delivery")
+    if step.outcome_check is None or not routes:
+        missing = "there is no outcome_check" if routes else "it has no route to check it on"
+        return Outcome(status=Status.NEEDS_OPERATOR, reason=f"{unknown} and {missing}")
+    verdicts = []
+    for route in routes:
+        reply = yield CheckWrite(step, context, route)
+        if reply.error is not None:  # its type only: the message may quote a secret
+            raised = type(reply.error).__name__
+            return Outcome(status=Status.NEEDS_OPERATOR,
+                           reason=f"{unknown}; its outcome_check raised {raised}")
+        try:
+            verdict = normalize_write_outcome(reply.verdict)
+        except ValueError as exc:
+            return Outcome(status=Status.NEEDS_OPERATOR, reason=f"{unknown}; {exc}")
+        if verdict is WriteOutcome.APPLIED:
+            return Outcome(status=Status.COMPLETED,
+                           reason="the write took effect (confirmed by outcome_check)")
+        verdicts.append(verdict)
+    if all(v is WriteOutcome.NOT_APPLIED for v in verdicts):
+        return None
+    return Outcome(status=Status.NEEDS_OPERATOR,
+                   reason=f"{unknown}; outcome_check could not tell whether it did")
 
 
 def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
@@ -146,8 +204,9 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
         index = rec.checkpoint.current_step
         step = steps[index]
         ck = rec.checkpoint
+        pending = PendingOperation.of(step.name, step.operation, step.route, step.cost)
         rec = rec.with_checkpoint(
-            pending_operation=PendingOperation.of(step.name, step.operation, step.route, step.cost),
+            pending_operation=pending,
             outcome_check=step.outcome_check_ref,
             user_visible_status=f"running step {step.name} ({index + 1} of {len(steps)})",
         )
@@ -160,7 +219,27 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             idempotency_key=f"{ck.idempotency_key}:{step.name}",
             delivery=rec.deliveries,
         )
-        result = yield RunStep(step, context, rec.deadline, rec.priority)
+        earlier: Outcome | None = None
+        in_flight = ck.pending_operation
+        if (not step.idempotent and in_flight is not None and in_flight.step == step.name
+                and in_flight.started_delivery is not None):
+            earlier = yield from _earlier_write(step, context)
+            if earlier is not None and not earlier.status.succeeded:
+                # The operator decides; a retry of theirs runs the write again.
+                rec = rec.with_checkpoint(pending_operation=pending)
+                return (yield from finish(TaskState.NEEDS_OPERATOR, earlier.reason))
+        if earlier is not None:
+            result = StepResult(earlier, None, now)
+        else:
+            if not step.idempotent:
+                rec = rec.with_checkpoint(
+                    pending_operation=replace(pending, started_delivery=rec.deliveries))
+                ack = yield Save(rec)
+                if not ack.ok:
+                    return None
+                now = ack.now
+            result = yield RunStep(step, context, rec.deadline, rec.priority)
+            rec = rec.with_checkpoint(pending_operation=pending)  # the write answered
         now = result.now
         if result.error is not None:
             # The exception's type only: its message may quote a prompt or a secret.

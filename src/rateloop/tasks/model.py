@@ -104,12 +104,19 @@ class CompletedStep:
 
 @dataclass(frozen=True, slots=True)
 class PendingOperation:
-    """The operation a task is about to run or waits to run again: no prompt, no secret."""
+    """The operation a task is about to run or waits to run again: no prompt, no secret.
+
+    ``started_delivery`` marks a write (``idempotent=False``) in flight: the
+    delivery that started it, saved before it ran and cleared when it
+    answered.  A later delivery that finds it set does not know whether the
+    write took effect, and asks the step's ``outcome_check`` before running it.
+    """
 
     step: str
     operation: str
     scope: str | None = None
     cost: dict[str, int] | None = None
+    started_delivery: int | None = None
 
     @classmethod
     def of(
@@ -130,8 +137,12 @@ class PendingOperation:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        # The marker is written only while set: checkpoints without a write in flight keep
+        # the shape they had before it existed.
+        marker = {} if self.started_delivery is None else {
+            "started_delivery": self.started_delivery}
         return {"step": self.step, "operation": self.operation, "scope": self.scope,
-                "cost": self.cost}
+                "cost": self.cost, **marker}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

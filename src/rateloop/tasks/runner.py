@@ -2,8 +2,11 @@
 
 Both perform the effects of :func:`rateloop.tasks.flow.task_flow`; the
 algorithm exists once.  A runner holds one store and one RATE loop; while a
-step runs, a heartbeat extends the task's lease every ``lease_secs / 3``, so
-only a dead worker loses its lease.
+step runs, a heartbeat extends the task's lease every ``lease_secs / 3``, and
+every checkpoint of a running task renews it (``now + lease_secs``; the store
+never lets a checkpoint shorten it), so only a dead worker loses its lease.
+A worker whose checkpoint is refused (the fence moved) stops before its next
+step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +29,15 @@ from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome.record import Outcome, Status
 from rateloop.route import Route
 from rateloop.tasks.definition import Task, TaskRegistry, registry
-from rateloop.tasks.flow import RunStep, Save, SaveAck, StepResult, task_flow
+from rateloop.tasks.flow import (
+    CheckReply,
+    CheckWrite,
+    RunStep,
+    Save,
+    SaveAck,
+    StepResult,
+    task_flow,
+)
 from rateloop.tasks.model import Checkpoint, TaskRecord
 from rateloop.tasks.queue import QueuePolicy
 from rateloop.tasks.states import PriorityClass, TaskState
@@ -173,6 +185,19 @@ class _BaseRunner:
     def _ack(self, ok: bool) -> SaveAck:
         return SaveAck(ok=ok, stop=self.stop.is_set(), now=self.clock.now())
 
+    def _renewed(self, record: TaskRecord) -> TaskRecord:
+        """A running record's checkpoint renews its lease: it is proof that its worker lives."""
+        if record.state is not TaskState.RUNNING:
+            return record
+        expires = self.clock.now() + timedelta(seconds=self.policy.lease_secs)
+        return replace(record, lease_expires_at=expires)
+
+    @staticmethod
+    def _ask(effect: CheckWrite) -> Any:
+        check = effect.step.outcome_check
+        assert check is not None  # the flow asks only a step that has one
+        return check(effect.context, effect.route)
+
     @staticmethod
     def _local(value: Any) -> Outcome:
         if isinstance(value, Outcome):
@@ -243,11 +268,29 @@ class TaskRunner(_BaseRunner):
                     self._log_delivery(rec, stop.value)
                     return stop.value  # type: ignore[no-any-return]
                 if isinstance(effect, Save):
-                    result = self._ack(self.store.save(effect.record, fence=rec.fence))
+                    saved = self.store.save(self._renewed(effect.record), fence=rec.fence)
+                    result = self._ack(saved)
+                elif isinstance(effect, CheckWrite):
+                    result = self._check_write(effect)
                 else:
                     result = self._run_step(effect)
         finally:
             beat.finish()
+
+    def _check_write(self, effect: CheckWrite) -> CheckReply:
+        try:
+            verdict = self._ask(effect)
+            if inspect.isawaitable(verdict):
+                close = getattr(verdict, "close", None)
+                if close is not None:
+                    close()
+                raise TypeError(
+                    f"the outcome_check of step {effect.step.name} is a coroutine function; "
+                    "use AsyncTaskRunner"
+                )
+        except Exception as exc:
+            return CheckReply(None, exc)
+        return CheckReply(verdict, None)
 
     def _run_step(self, effect: RunStep) -> StepResult:
         step, ctx = effect.step, effect.context
@@ -355,8 +398,12 @@ class AsyncTaskRunner(_BaseRunner):
                     self._log_delivery(rec, stop.value)
                     return stop.value  # type: ignore[no-any-return]
                 if isinstance(effect, Save):
-                    ok = await asyncio.to_thread(self.store.save, effect.record, fence=rec.fence)
+                    ok = await asyncio.to_thread(
+                        self.store.save, self._renewed(effect.record), fence=rec.fence
+                    )
                     result = self._ack(ok)
+                elif isinstance(effect, CheckWrite):
+                    result = await self._check_write(effect)
                 else:
                     result = await self._run_step(effect)
         finally:
@@ -371,6 +418,15 @@ class AsyncTaskRunner(_BaseRunner):
             )
             if not ok:
                 return
+
+    async def _check_write(self, effect: CheckWrite) -> CheckReply:
+        try:
+            verdict = self._ask(effect)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception as exc:
+            return CheckReply(None, exc)
+        return CheckReply(verdict, None)
 
     async def _run_step(self, effect: RunStep) -> StepResult:
         step, ctx = effect.step, effect.context
