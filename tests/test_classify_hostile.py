@@ -1,0 +1,166 @@
+"""Read under hostile headers: structured fields and header lists that used to stall it.
+
+The slow inputs fuzzing found: a ``RateLimit-Policy`` of ``"a;" * 2048`` took
+~0.3 s (the member pattern backtracked, quadratically), a ``RateLimit`` of
+twenty ``;w="60"`` parameters and a stray word took seconds (exponentially:
+each quoted value could also be read as a token), and a header repeated 20 000
+times took ~9 s (each repeat copied the joined value).  The time tests time
+process CPU (best of three) against bounds ten to a hundred times what the
+fixed reader needs, and far below what the old one took; the header-count test
+counts the pairs read, not time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from rateloop.classify import classify, detect_provider
+from rateloop.classify._evidence import MAX_HEADER_FIELDS, normalize_headers
+from rateloop.classify._http import observe
+from rateloop.classify._structured import MAX_FIELD_CHARS, parse_list
+from rateloop.signal import Dimension, Kind, Observed
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+BOUND = 0.5  # seconds of CPU; the fixed readers take a few milliseconds
+
+
+def _best(run: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        run()
+        best = min(best, time.process_time() - started)
+    return best
+
+
+# --- structured fields (RateLimit, RateLimit-Policy) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "a;" * 2048,  # quadratic before: ~0.3 s per field
+        "a" + ';a="x"' * 20 + " junk",  # exponential before: ~7 s per field
+        '"p";q=1' + ';w="60"' * 40 + " x",  # exponential before: hours
+        " ;" * 2048,
+        '"' + '\\"' * 2047,  # an unterminated quoted string
+        ('"p";q=5;' + '"' * 7) * 200,
+    ],
+    ids=["a-semicolons", "quoted-params-20", "quoted-params-40", "blank-params",
+         "unterminated", "stray-quotes"],
+)
+def test_a_hostile_structured_field_is_read_quickly(value: str) -> None:
+    headers = {"RateLimit": value, "RateLimit-Policy": value, "retry-after": "5"}
+    seconds = _best(lambda: classify(429, headers, None, now=NOW))
+    assert seconds < BOUND / 2, f"{value[:40]!r}... took {seconds:.2f} s"
+
+
+@pytest.mark.parametrize("unit", ["a;", ";a=", '"', ", ", 'a;b="', ';a="x"', " ;"])
+def test_a_structured_field_is_read_in_linear_time(unit: str) -> None:
+    def make(size: int) -> Callable[[], object]:
+        value = (unit * (size // len(unit) + 1))[:size]
+        return lambda: classify(429, {"RateLimit": value}, None, now=NOW)
+
+    small, large = MAX_FIELD_CHARS // 16, MAX_FIELD_CHARS
+    t_small, t_large = _best(make(small)), _best(make(large))
+    if t_large < 0.004:  # below a few milliseconds the ratio is noise
+        return
+    assert t_large / max(t_small, 1e-6) < 3 * large / small, (t_small, t_large)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"default";q=100;w=60', {"default": {"q": "100", "w": "60"}}),
+        (
+            '"burst";q=100;w=60, "daily";q=1000;w=86400',
+            {"burst": {"q": "100", "w": "60"}, "daily": {"q": "1000", "w": "86400"}},
+        ),
+        ('  "a" ; q=1 ;  w=2 ,b;r=0', {"a": {"q": "1", "w": "2"}, "b": {"r": "0"}}),
+        ("tok;R=5;T=30", {"tok": {"r": "5", "t": "30"}}),
+        ('"a,b\\"c";q=5', {'a,b\\"c': {"q": "5"}}),
+        ('"p";q="10";flag;w=60', {"p": {"q": "10", "flag": "", "w": "60"}}),
+        ('"p";q=1;q=2', {"p": {"q": "2"}}),  # the last parameter of a name wins
+        ('"p";q=1, "p";q=2', {"p": {"q": "1"}}),  # the first member of a name wins
+        ('"p";w=', {"p": {"w": ""}}),
+        ("*;q=1", {"*": {"q": "1"}}),
+        ("a;x.y-z*=1", {"a": {"x.y-z*": "1"}}),
+        ("", {}),
+        (",,,", {}),
+        ('"p";q=1 junk, "ok";r=3', {"ok": {"r": "3"}}),  # a broken member is skipped
+        ('"p";1=2, "ok";r=3', {"ok": {"r": "3"}}),
+    ],
+)
+def test_structured_field_members(value: str, expected: dict[str, dict[str, str]]) -> None:
+    assert parse_list(value) == expected
+
+
+def test_ietf_headers_still_read() -> None:
+    headers = {
+        "ratelimit-policy": '"burst";q=100;w=60, "daily";q=1000;w=86400;qu="tokens"',
+        "ratelimit": '"burst";r=0;t=30, "daily";r=12;t=3600',
+    }
+    assert observe(headers, NOW, provider="openai") == (
+        Observed(dimension=Dimension.REQUESTS, limit=100.0, remaining=0.0, reset_after=30.0,
+                 window=60.0),
+        Observed(dimension=Dimension.TOKENS, limit=1000.0, remaining=12.0, reset_after=3600.0,
+                 window=86400.0),
+    )
+
+
+# --- many header fields -------------------------------------------------------------
+
+
+def test_a_header_repeated_twenty_thousand_times_is_read_quickly() -> None:
+    headers = [("Retry-After", "x" * 100)] * 20_000 + [("retry-after", "5")]
+    seconds = _best(lambda: classify(429, headers, None, now=NOW))
+    assert seconds < BOUND, f"took {seconds:.2f} s"
+
+
+def test_repeated_headers_are_joined_in_order_up_to_the_value_cap() -> None:
+    norm = normalize_headers([("Retry-After", "30"), ("X-A", "1"), ("retry-after", " 30 ")])
+    assert norm == {"retry-after": "30, 30", "x-a": "1"}
+    long = normalize_headers([("x-a", "v" * 5000)] * 10)
+    assert long["x-a"] == (", ".join(["v" * 5000] * 2))[:8192]
+    assert classify(429, [("Retry-After", "30"), ("retry-after", "45")], None,
+                    now=NOW).retry_after == 45.0
+
+
+def test_at_most_max_header_fields_pairs_are_read() -> None:
+    taken = 0
+
+    def pairs() -> Iterator[tuple[str, str]]:
+        nonlocal taken
+        for index in range(1_000_000):
+            taken += 1
+            yield (f"x-h{index}", "v")
+
+    started = time.process_time()
+    signal = classify(429, pairs(), None, now=NOW)
+    seconds = time.process_time() - started
+    assert signal.kind is Kind.TEMPORARY
+    assert taken <= MAX_HEADER_FIELDS + 1
+    assert seconds < BOUND, f"took {seconds:.2f} s"
+
+
+def test_provider_marks_keep_their_order_among_many_headers() -> None:
+    filler = [(f"x-h{index}", "v") for index in range(MAX_HEADER_FIELDS - 3)]
+    # "anthropic-" is tried before "openai-": the order of the marks decides, not of the headers.
+    assert detect_provider([*filler, ("openai-version", "1"), ("anthropic-x", "1")], None) == (
+        "anthropic"
+    )
+    assert detect_provider([*filler, ("x-groq-region", "us")], None) == "groq"
+    assert detect_provider([*filler, ("x-groq", "us")], None) is None  # a prefix of a mark
+    assert detect_provider([("x-ratelimit-limit-requests-day", "1")], None) == "cerebras"
+    assert detect_provider([("x-ratelimit-limit-requests", "1")], None) is None
+
+
+def test_many_distinct_headers_are_read_quickly() -> None:
+    headers = {f"x-header-{index}": "v" for index in range(110_000)}
+    headers["retry-after"] = "7"
+    seconds = _best(lambda: classify(429, headers, None, now=NOW))
+    assert seconds < 0.05 * 4, f"took {seconds:.3f} s"
