@@ -17,6 +17,7 @@ from datetime import datetime
 from itertools import islice
 from typing import Any
 
+from rateloop.classify._sse import decode_json, sse_error
 from rateloop.signal import Dimension, Kind
 
 __all__ = [
@@ -152,45 +153,6 @@ def normalize_headers(headers: HeadersLike) -> dict[str, str]:
     }
 
 
-def _decode_json(text: str) -> Any:
-    stripped = text.strip()
-    if not stripped or stripped[0] not in "{[":
-        return None
-    try:
-        return json.loads(stripped)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _sse_error(text: str) -> Any:
-    """The decoded ``data`` of the first SSE error: ``event: error``, a payload of
-    ``"type": "error"`` (Anthropic) or one carrying an ``error`` object (OpenAI)."""
-    if "data:" not in text:
-        return None
-    event = ""
-    data: list[str] = []
-    for raw in [*text.splitlines(), ""]:
-        line = raw.rstrip("\r")
-        if not line:
-            if data:
-                payload = _decode_json("\n".join(data))
-                is_error = event == "error" or (
-                    isinstance(payload, Mapping)
-                    and (
-                        payload.get("type") == "error"
-                        or isinstance(payload.get("error"), Mapping)
-                    )
-                )
-                if is_error:
-                    return payload if payload is not None else {"error": "\n".join(data)}
-            event, data = "", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].strip())
-    return None
-
-
 def _to_plain(value: Any, budget: list[int], depth: int = 0) -> Any:
     """A JSON-like copy of a mapping so rules can walk it: 32 levels deep, and
     at most ``budget[0]`` values in all (copying a hostile mapping of 100 000
@@ -242,9 +204,9 @@ def gather(
         data, text = plain_body(body)
     elif isinstance(body, bytes | bytearray | str):
         text = body_text(body)
-        data = _decode_json(text)
+        data = decode_json(text)
         if data is None:
-            data = _sse_error(text)
+            data = sse_error(text)
             sse = data is not None
     else:
         text = _text(body)
