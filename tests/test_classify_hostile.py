@@ -178,7 +178,7 @@ def _sse_reference(text: str) -> object:
     """The event-by-event reading the fast reader must agree with (the old code)."""
     if "data:" not in text:
         return None
-    event, data = "", []
+    event, data = "", list[str]()
     for line in [*text.splitlines(), ""]:
         if not line:
             if data:
