@@ -23,7 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rateloop.classify import classify, detect_provider
-from rateloop.classify._evidence import MAX_BODY_CHARS, MAX_HEADER_FIELDS, normalize_headers
+from rateloop.classify._evidence import (
+    MAX_BODY_CHARS,
+    MAX_HEADER_CHARS,
+    MAX_HEADER_FIELDS,
+    normalize_headers,
+)
 from rateloop.classify._http import observe
 from rateloop.classify._sse import decode_json, sse_error
 from rateloop.classify._structured import MAX_FIELD_CHARS, parse_list
@@ -150,6 +155,21 @@ def test_at_most_max_header_fields_pairs_are_read() -> None:
     assert signal.kind is Kind.TEMPORARY
     assert taken <= MAX_HEADER_FIELDS + 1
     assert seconds < BOUND, f"took {seconds:.2f} s"
+
+
+def test_at_most_max_header_chars_are_read() -> None:
+    taken = 0
+
+    def pairs() -> Iterator[tuple[str, str]]:
+        nonlocal taken
+        for index in range(MAX_HEADER_FIELDS):
+            taken += 1
+            yield (f"x-h{index}", "\u2028" * 8192)  # whitespace: slow to strip
+
+    norm = normalize_headers(pairs())
+    assert taken <= MAX_HEADER_CHARS // 8192 + 1
+    assert len(norm) == MAX_HEADER_CHARS // (len("x-h0") + 8192)
+    assert set(norm.values()) == {""}
 
 
 def test_provider_marks_keep_their_order_among_many_headers() -> None:

@@ -179,6 +179,9 @@ def detect_provider(headers: HeadersLike, body: BodyLike) -> str | None:
     first :data:`~rateloop.classify._evidence.MAX_BODY_CHARS` characters.
     """
     norm = normalize_headers(headers)
+    marked = _header_mark(norm)
+    if marked is not None:  # the headers decide: the body need not be decoded
+        return marked
     data: Any = None
     text = ""
     if isinstance(body, Mapping):
