@@ -14,6 +14,7 @@ that event-by-event reading.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
@@ -27,7 +28,9 @@ from rateloop.classify._evidence import (
     MAX_BODY_CHARS,
     MAX_HEADER_CHARS,
     MAX_HEADER_FIELDS,
+    body_text,
     normalize_headers,
+    read_body,
 )
 from rateloop.classify._http import observe
 from rateloop.classify._sse import decode_json, sse_error
@@ -235,3 +238,23 @@ def test_a_stream_of_a_hundred_thousand_events_is_read_quickly(event: str) -> No
     body = event * (MAX_BODY_CHARS // len(event)) + 'event: error\ndata: {"error": {}}\n\n'
     seconds = _best(lambda: classify(200, None, body, now=NOW))
     assert seconds < BOUND / 5, f"took {seconds:.3f} s"  # ~0.2 s before, event by event
+
+
+@pytest.mark.parametrize("unit", [b"\xff", b"\xe2\x82\xac", b"\xf0\x9f\x99", b"a\xc3"])
+@pytest.mark.parametrize("extra", [-1, 0, 1, 2, 3, 4, 3 * MAX_BODY_CHARS])
+def test_bytes_are_decoded_as_one_decoding_would(unit: bytes, extra: int) -> None:
+    body = (unit * (MAX_BODY_CHARS // len(unit) + 1))[: MAX_BODY_CHARS + extra]
+    body += unit[:1] * (extra % 5)  # and an end cut inside a character
+    expected = body[: MAX_BODY_CHARS * 4].decode("utf-8", "replace")[:MAX_BODY_CHARS]
+    assert body_text(body) == expected
+
+
+def test_a_body_read_for_detection_is_not_decoded_again_by_classify() -> None:
+    body = json.dumps({"error": {"message": "rate limit", "details": list(range(1000))}})
+    _, data, _ = read_body(body, keep=True)
+    assert read_body(body)[1] is data  # the kept reading, taken
+    assert read_body(body)[1] is not data  # taken once: read again
+    read_body(body, keep=True)
+    assert read_body(body.encode())[1] is not data  # another object: never the kept one
+    assert read_body(bytearray(b'{"a": 1}'), keep=True)[1] == {"a": 1}
+    assert read_body(bytearray(b'{"a": 1}'))[1] == {"a": 1}  # mutable bodies are never kept

@@ -10,7 +10,6 @@ own domain named in the body text.  ``None`` when nothing is conclusive.
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
@@ -18,10 +17,9 @@ from typing import Any
 from rateloop.classify._evidence import (
     BodyLike,
     HeadersLike,
-    body_text,
     error_object,
     normalize_headers,
-    plain_body,
+    read_body,
 )
 
 __all__ = ["PROVIDERS", "detect", "detect_provider"]
@@ -182,14 +180,7 @@ def detect_provider(headers: HeadersLike, body: BodyLike) -> str | None:
     marked = _header_mark(norm)
     if marked is not None:  # the headers decide: the body need not be decoded
         return marked
-    data: Any = None
-    text = ""
-    if isinstance(body, Mapping):
-        data, text = plain_body(body)
-    elif isinstance(body, bytes | bytearray | str):
-        text = body_text(body)
-        try:
-            data = json.loads(text) if text.strip()[:1] in ("{", "[") else None
-        except (ValueError, RecursionError):
-            data = None
-    return detect(norm, data, text)
+    if not isinstance(body, Mapping | bytes | bytearray | str):
+        return detect(norm, None, "")
+    text, data, sse = read_body(body, keep=True)
+    return detect(norm, None if sse else data, text)

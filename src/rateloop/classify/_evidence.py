@@ -26,6 +26,7 @@ __all__ = [
     "MAX_HEADER_FIELDS",
     "MAX_JSON_NODES",
     "BodyLike",
+    "BodyView",
     "Evidence",
     "Finding",
     "HeadersLike",
@@ -35,6 +36,7 @@ __all__ = [
     "iter_strings",
     "normalize_headers",
     "plain_body",
+    "read_body",
 ]
 
 HeadersLike = Mapping[str, str] | Iterable[tuple[str, str]] | None
@@ -92,10 +94,12 @@ def _decode(value: bytes | bytearray) -> str:
     4 MB of invalid bytes decoded at once took ~20 ms for the 1 MB kept.  The
     incremental decoder makes the two steps decode exactly as one would.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     first = MAX_BODY_CHARS + 3  # a character cut at the end completes within 3 bytes
-    text = decoder.decode(bytes(value[:first]), final=len(value) <= first)
-    if len(text) < MAX_BODY_CHARS and len(value) > first:
+    if len(value) <= first:
+        return bytes(value).decode("utf-8", "replace")[:MAX_BODY_CHARS]
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(bytes(value[:first]))
+    if len(text) < MAX_BODY_CHARS:
         last = MAX_BODY_CHARS * 4  # 4 bytes a character at most
         text += decoder.decode(bytes(value[first:last]), final=True)
     return text[:MAX_BODY_CHARS]
@@ -189,6 +193,51 @@ def plain_body(body: Mapping[str, Any]) -> tuple[Any, str]:
         return None, ""
 
 
+#: What a body reads as: its text, its decoded JSON (or SSE error payload), and
+#: whether that payload came from an SSE stream.
+BodyView = tuple[str, Any, bool]
+# The last reading kept by read_body(keep=True): (body, view), at most one.
+_kept: list[tuple[str | bytes, BodyView]] = []
+
+
+def read_body(body: BodyLike, *, keep: bool = False) -> BodyView:
+    """The body as every reader sees it (see :data:`BodyView`).
+
+    ``keep=True`` (:func:`~rateloop.classify.detect_provider`) keeps the
+    reading of a ``str`` or ``bytes`` body for the next call, which takes it
+    when it reads the very same object: ``classify_exception`` detects the
+    provider and then classifies the same body, and decoding a 1 MB body twice
+    took ~20 ms more.  Only immutable bodies are kept, matched by identity, so
+    a reading is never stale; a thread that misses decodes again.
+    """
+    if _kept:
+        try:
+            held, view = _kept.pop()
+        except IndexError:  # another thread took it
+            pass
+        else:
+            if held is body:
+                return view
+    if body is None:
+        view = ("", None, False)
+    elif isinstance(body, Mapping):
+        data, text = plain_body(body)
+        view = (text, data, False)
+    elif isinstance(body, bytes | bytearray | str):
+        text = body_text(body)
+        data = decode_json(text)
+        sse = False
+        if data is None:
+            data = sse_error(text)
+            sse = data is not None
+        view = (text, data, sse)
+    else:
+        view = (_text(body), None, False)
+    if keep and type(body) in (str, bytes):
+        _kept.append((body, view))  # type: ignore[arg-type]
+    return view
+
+
 def gather(
     status: int | None,
     headers: HeadersLike,
@@ -198,20 +247,7 @@ def gather(
     provider: str | None,
 ) -> Evidence:
     norm = normalize_headers(headers)
-    data: Any = None
-    sse = False
-    if body is None:
-        text = ""
-    elif isinstance(body, Mapping):
-        data, text = plain_body(body)
-    elif isinstance(body, bytes | bytearray | str):
-        text = body_text(body)
-        data = decode_json(text)
-        if data is None:
-            data = sse_error(text)
-            sse = data is not None
-    else:
-        text = _text(body)
+    text, data, sse = read_body(body)
     return Evidence(
         status=status, headers=norm, text=text, data=data, now=now, provider=provider, sse_error=sse
     )
