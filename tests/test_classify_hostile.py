@@ -233,7 +233,9 @@ def test_the_sse_reader_agrees_with_reading_every_event(text: str) -> None:
     assert sse_error(text) == _sse_reference(text)
 
 
-@pytest.mark.parametrize("event", ["data: {}\n\n", 'event: ping\ndata: {"type": "x"}\n\n'])
+@pytest.mark.parametrize(
+    "event", ["data: {}\n\n", "data: [1]\n\n", 'event: ping\ndata: {"type": "x"}\n\n']
+)
 def test_a_stream_of_a_hundred_thousand_events_is_read_quickly(event: str) -> None:
     body = event * (MAX_BODY_CHARS // len(event)) + 'event: error\ndata: {"error": {}}\n\n'
     seconds = _best(lambda: classify(200, None, body, now=NOW))
