@@ -191,7 +191,7 @@ def test_many_distinct_headers_are_read_quickly() -> None:
     headers = {f"x-header-{index}": "v" for index in range(110_000)}
     headers["retry-after"] = "7"
     seconds = _best(lambda: classify(429, headers, None, now=NOW))
-    assert seconds < 0.05 * 4, f"took {seconds:.3f} s"
+    assert seconds < 0.2, f"took {seconds:.3f} s"  # ~0.45 s before
 
 
 # --- SSE streams --------------------------------------------------------------------
