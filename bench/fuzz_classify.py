@@ -7,26 +7,38 @@ Usage (from the repository root)::
 
 Inputs are built from the words the readers look for (limit phrases, reset
 times, zones, durations, escape sequences, JSON fragments, quota ids) mixed
-with random text, in three families: CLI output for ``classify_text``, HTTP
+with random text, in four families: CLI output for ``classify_text``, HTTP
 responses (status, hostile headers, JSON / SSE / text bodies) for
-``classify``, and exceptions (odd ``errno`` values, SDK look-alikes with
-broken attributes, cyclic chains) for ``classify_exception``.  Most inputs are
-short; one in a hundred is as long as the reader's cap (and a little past
-it), built from a single repeated word — the shape that exposes backtracking.
+``classify``, exceptions (odd ``errno`` values, SDK look-alikes with broken
+attributes, cyclic chains) for ``classify_exception``, and ``hostile``: the
+shapes that once stalled a reader, at the sizes that hurt -- ``RateLimit`` /
+``RateLimit-Policy`` fields of thousands of characters (``"a;" * 2048``,
+runs of quoted parameters, unclosed quotes), 100 000 to 150 000 header pairs
+(distinct, repeated with long values, provider marks at the end; as a list, a
+mapping or a one-shot iterator), bodies of 1 MB to 4 MB (text, invalid UTF-8,
+SSE streams, gateway headers nested in JSON, wide mappings), JSON nested
+200 000 deep, and agent output of one 1 MB line.  Most inputs are short; one
+in a hundred is as long as the reader's cap (and a little past it), built from
+a single repeated word -- the shape that exposes backtracking.
 
 Each call is timed on its own, after a warm-up that pays the one-time costs
 (the lazy import of the policy defaults, the time-zone index read on the
-first unknown zone name).  On a shared machine one call in 100 000 can be
+first unknown zone name) and builds the hostile family's shared inputs (then
+frozen out of the garbage collector's sight, so that a collection does not
+time the walk of the bench's own objects).  On a shared machine one call in 100 000 can be
 stopped by the scheduler or a garbage collection, which says nothing about
 the input: the 20 slowest inputs are timed again (best of three) and the
-slowest of those is reported, next to the slowest single first run.  The last
-line reports the number of exceptions (must be 0) and that slowest input
-(must be under 50 ms); the exit status is 1 when either fails.
+slowest of those is reported, next to the maximum and the 99.9th percentile
+of the first runs, overall and per family.  The last line reports the number
+of exceptions (must be 0) and that slowest input (must be under 50 ms); the
+exit status is 1 when either fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import heapq
 import json
 import random
@@ -35,6 +47,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from itertools import chain, islice
 from typing import Any
 
 from rateloop.classify import classify, classify_exception, classify_text
@@ -188,9 +201,153 @@ def _exception(rng: random.Random) -> BaseException:
 
 Case = tuple[str, Callable[[], object], str]
 
+# --- hostile: the shapes that once stalled a reader, at the sizes that hurt ---------
+
+STRUCTURED_UNITS = [
+    "a;", ";a=", '"', ", ", 'a;b="', ';a="x"', " ;", '\\"', '"p";q=5;', ';w="60"', "=", ";;",
+    '"a";r=-1;t=1e400, ', "*;q=1,", "\\", ";\n",
+]
+STRUCTURED_BITS = [
+    '"p"', "p", ";", "q=", "r=", "t=", "w=", "qu=", "1", "60", '"', "\\", ",", " ", "=", "*", "é",
+]
+HEADER_MARKS = [
+    ("x-groq-region", "us"), ("anthropic-ratelimit-requests-remaining", "0"),
+    ("x-ratelimit-remaining-requests", "0"), ("retry-after", "30"), ("openai-version", "1"),
+]
+
+
+@functools.cache
+def _pool() -> list[tuple[str, str]]:
+    """150 000 distinct header pairs, shared (read-only) by the many-header inputs."""
+    return [(f"x-fuzz-{index}", str(index)) for index in range(150_000)]
+
+
+@functools.cache
+def _pool_mapping() -> dict[str, str]:
+    return dict(_pool())
+
+
+@functools.cache
+def _big_bodies() -> list[tuple[str, Any]]:
+    """Large bodies built once: 100 000 gateway headers, a wide mapping, a long list."""
+    nested = {f"X-H{index}": "1" for index in range(100_000)}
+    return [
+        ("nested headers", json.dumps(
+            {"error": {"message": "rate limit", "metadata": {"headers": nested}}}
+        )),
+        ("wide mapping", {"error": {f"k{index}": index for index in range(100_000)}}),
+        ("long list", json.dumps({"error": {"status": "RESOURCE_EXHAUSTED", "details": [
+            {"@type": GOOGLE_TYPES[0], "violations": [{"quotaId": "PerDay"}] * 20}
+        ] * 5_000}})),
+        ("deep mapping", _deep_mapping(5_000)),
+    ]
+
+
+def _deep_mapping(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"message": "rate limit"}
+    for _ in range(depth):
+        value = {"error": value}
+    return value
+
+
+@functools.cache
+def _long_lines() -> list[str]:
+    rng = random.Random(0)
+    return [_words(rng, 100_000) for _ in range(3)]
+
+
+def _fill(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def _structured_field(rng: random.Random) -> str:
+    roll, size = rng.random(), rng.randint(2_000, 6_000)
+    if roll < 0.5:
+        value = _fill(rng.choice(STRUCTURED_UNITS), size)
+    elif roll < 0.75:
+        value = '"p";q=1' + rng.choice([';w="60"', ';a="x"', ";a=1", ";a"]) * rng.randint(10, 700)
+    else:
+        value = "".join(rng.choice(STRUCTURED_BITS) for _ in range(size // 2))
+    return value + rng.choice([" junk", " x", ",", ";", '"', ""])
+
+
+def _many_headers(rng: random.Random) -> tuple[Callable[[], Any], str]:
+    """100 000 to 150 000 header pairs; a thunk, so a one-shot iterator is fresh per run."""
+    count = rng.randint(100_000, 150_000)
+    tail = rng.sample(HEADER_MARKS, rng.randint(0, len(HEADER_MARKS)))
+    shape = rng.choice(["distinct", "repeated", "marks", "mapping", "iterator"])
+    if shape == "repeated":
+        value = _fill(rng.choice(WORDS) or "a", rng.choice([1, 100, 8_192]))
+        pairs = [(rng.choice(HEADER_NAMES), value)] * count + tail
+        return lambda: pairs, f"{count} repeated pairs"
+    if shape == "mapping":
+        return _pool_mapping, "150000 distinct names, a mapping"
+    if shape == "iterator":
+        pool = _pool()
+        return lambda: chain(islice(pool, count), tail), f"{count} pairs, an iterator"
+    pairs = (tail if shape == "marks" else []) + _pool()[:count] + tail
+    return lambda: pairs, f"{count} {shape} pairs"
+
+
+def _huge_body(rng: random.Random) -> tuple[Any, str]:
+    roll = rng.random()
+    if roll < 0.2:
+        message = _fill(rng.choice(WORDS) or "a", rng.randint(900_000, 1_100_000))
+        return json.dumps({"error": {"message": message, "type": "rate_limit_error"}}), "json"
+    if roll < 0.4:
+        unit = rng.choice([b"\xff", b"\xe2\x82", b"\xf0\x9f\x99", b"\xc3\xa9"])
+        return unit * (rng.randint(3_000_000, 4_200_000) // len(unit)), "bytes"
+    if roll < 0.55:
+        event = rng.choice(["data: x\n", "event: ping\ndata: {}\n\n", "data: {\"error\": 1}\n"])
+        return event * (1_050_000 // len(event)), "sse"
+    if roll < 0.7:
+        depth = rng.randint(1_000, 200_000)
+        return rng.choice(["[", '{"a":', '{"error":']) * depth + "]" * rng.randint(0, depth), "deep"
+    if roll < 0.75:
+        line = rng.choice(_long_lines())
+        return line, "text"
+    name, body = rng.choice(_big_bodies())
+    return body, name
+
+
+def _hostile(rng: random.Random, now: datetime) -> Case:
+    roll = rng.random()
+    status = rng.choice([429, 429, 200, 403, 503])
+    if roll < 0.3:
+        field = _structured_field(rng)
+        names = rng.choice([["RateLimit"], ["RateLimit-Policy"], ["RateLimit", "RateLimit-Policy"]])
+        headers = dict.fromkeys(names, field)
+        return (
+            "hostile", lambda: classify(status, headers, None, now=now),
+            f"structured field of {len(field)} chars",
+        )
+    if roll < 0.55:
+        make, what = _many_headers(rng)
+        return "hostile", lambda: classify(status, make(), None, now=now), what
+    if roll < 0.8:
+        body, what = _huge_body(rng)
+        return "hostile", lambda: classify(status, None, body, now=now), f"{what} body"
+    if roll < 0.9:
+        text = rng.choice(_long_lines()) + _words(rng, 5)
+        if rng.random() < 0.5:
+            text = _fill(rng.choice(["9", "\x1b]", "\x1b[", "rate limit ", "1 ", "\n"]), 1_000_000)
+        return (
+            "hostile", lambda: classify_text(text, exit_code=1, now=now),
+            f"agent text of {len(text)} chars",
+        )
+    exc = type("APIStatusError", (_Odd,), {"__module__": "openai"})("boom")
+    response = type("Response", (), {})()
+    make, what = _many_headers(rng)
+    response.status_code, response.headers = 429, make()  # type: ignore[attr-defined]
+    response.content = _huge_body(rng)[0]  # type: ignore[attr-defined]
+    exc.response = response  # type: ignore[attr-defined]
+    return "hostile", lambda: classify_exception(exc, now=now), f"exception, {what}"
+
 
 def _case(rng: random.Random, now: datetime) -> Case:
     roll = rng.random()
+    if roll < 0.03:
+        return _hostile(rng, now)
     if roll < 0.45:
         text = _text(rng)
         exit_code = rng.choice([1, 1, 2, None, 0, 75, -9])
@@ -216,6 +373,17 @@ def _warm_up(now: datetime) -> None:
     classify_text("resets 3pm (asia/calcutta)", exit_code=1, now=now)
     classify(429, {"retry-after": "1"}, '{"error": {"message": "x"}}', now=now)
     classify_exception(TimeoutError(), now=now)
+    # The hostile family's shared inputs are built now, and frozen out of the
+    # garbage collector's sight: a collection that a large body triggers would
+    # otherwise walk these millions of objects, the bench's own, on the clock.
+    _pool(), _pool_mapping(), _big_bodies(), _long_lines()
+    gc.collect()
+    gc.freeze()
+
+
+def _percentile(times: list[float], share: float) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def main() -> int:
@@ -227,13 +395,12 @@ def main() -> int:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     errors = 0
     slowest: list[tuple[float, int, Case]] = []  # a min-heap of the 20 slowest first runs
-    per_family: dict[str, int] = {}
+    times: dict[str, list[float]] = {}  # first runs, in ms, per family
     _warm_up(base)
     started = time.perf_counter()
     for index in range(args.n):
         now = base + timedelta(seconds=rng.randint(0, 400 * 86_400))
         family, call, what = _case(rng, now)
-        per_family[family] = per_family.get(family, 0) + 1
         t0 = time.perf_counter()
         try:
             call()
@@ -243,6 +410,7 @@ def main() -> int:
                 print(f"input {index} ({family}, {what}) raised:", file=sys.stderr)
                 traceback.print_exc()
         elapsed = (time.perf_counter() - t0) * 1000
+        times.setdefault(family, []).append(elapsed)
         entry = (elapsed, index, (family, call, what))
         if len(slowest) < 20:
             heapq.heappush(slowest, entry)
@@ -259,8 +427,14 @@ def main() -> int:
             runs.append((time.perf_counter() - t0) * 1000)
         retimed.append((min(runs), index, family, what))
     worst = max(retimed)
-    families = ", ".join(f"{k} {v}" for k, v in sorted(per_family.items()))
+    families = ", ".join(f"{k} {len(v)}" for k, v in sorted(times.items()))
     print(f"seed {args.seed}: {args.n} inputs ({families}) in {total:.1f} s")
+    every = [t for family_times in times.values() for t in family_times]
+    for name, family_times in [("all", every), *sorted(times.items())]:
+        print(
+            f"  {name:9s} first runs: p99 {_percentile(family_times, 0.99):6.2f} ms, "
+            f"p99.9 {_percentile(family_times, 0.999):6.2f} ms, max {max(family_times):6.1f} ms"
+        )
     print(
         f"slowest single first run: {first_run[0]:.1f} ms (input {first_run[1]}, "
         f"{first_run[2][0]}, {first_run[2][2]})"

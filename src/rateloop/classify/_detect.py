@@ -10,7 +10,7 @@ own domain named in the body text.  ``None`` when nothing is conclusive.
 
 from __future__ import annotations
 
-import json
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +19,7 @@ from rateloop.classify._evidence import (
     HeadersLike,
     error_object,
     normalize_headers,
+    read_body,
 )
 
 __all__ = ["PROVIDERS", "detect", "detect_provider"]
@@ -73,6 +74,8 @@ _HEADER_MARKS: tuple[tuple[str, str], ...] = (
     ("x-amzn-requestid", "bedrock"),
 )
 
+#: How much of the body text is searched for a provider's domain.
+_MENTION_CHARS = 20_000
 _MENTIONS: tuple[tuple[str, str], ...] = (
     ("azure openai", "azure"),
     ("minimax", "minimax"),
@@ -137,15 +140,30 @@ def _from_shape(data: Any) -> str | None:
     return None
 
 
+def _header_mark(headers: Mapping[str, str]) -> str | None:
+    """The provider of the first mark (in :data:`_HEADER_MARKS` order) a header name starts with.
+
+    The names are sorted once and each mark looked up by bisection: the names
+    that start with a mark sort right after it.  Trying every mark against
+    every name took ~0.2 s on a response with 100 000 fields.
+    """
+    names = sorted(headers)
+    for mark, provider in _HEADER_MARKS:
+        index = bisect_left(names, mark)
+        if index < len(names) and names[index].startswith(mark):
+            return provider
+    return None
+
+
 def detect(headers: Mapping[str, str], data: Any, text: str) -> str | None:
     """Detection over already-normalized evidence (lowercase header names)."""
-    for mark, provider in _HEADER_MARKS:
-        if any(name.startswith(mark) for name in headers):
-            return provider
+    provider = _header_mark(headers)
+    if provider is not None:
+        return provider
     shaped = _from_shape(data)
     if shaped is not None:
         return shaped
-    lowered = text[:20_000].lower()
+    lowered = text[:_MENTION_CHARS].lower()
     for mark, provider in _MENTIONS:
         if mark in lowered:
             return provider
@@ -153,20 +171,16 @@ def detect(headers: Mapping[str, str], data: Any, text: str) -> str | None:
 
 
 def detect_provider(headers: HeadersLike, body: BodyLike) -> str | None:
-    """The provider a response came from, from its headers and body, or ``None``."""
+    """The provider a response came from, from its headers and body, or ``None``.
+
+    The body is read as :func:`~rateloop.classify.classify` reads it: its
+    first :data:`~rateloop.classify._evidence.MAX_BODY_CHARS` characters.
+    """
     norm = normalize_headers(headers)
-    data: Any = None
-    text = ""
-    if isinstance(body, Mapping):
-        data = body
-        try:
-            text = json.dumps(body, default=str)
-        except Exception:
-            text = ""
-    elif isinstance(body, bytes | bytearray | str):
-        text = body.decode("utf-8", "replace") if not isinstance(body, str) else body
-        try:
-            data = json.loads(text) if text.strip()[:1] in ("{", "[") else None
-        except (ValueError, RecursionError):
-            data = None
-    return detect(norm, data, text)
+    marked = _header_mark(norm)
+    if marked is not None:  # the headers decide: the body need not be decoded
+        return marked
+    if not isinstance(body, Mapping | bytes | bytearray | str):
+        return detect(norm, None, "")
+    text, data, sse = read_body(body, keep=True)
+    return detect(norm, None if sse else data, text)

@@ -9,23 +9,34 @@ decoded value.
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
+from rateloop.classify._sse import decode_json, sse_error
 from rateloop.signal import Dimension, Kind
 
 __all__ = [
+    "MAX_BODY_CHARS",
+    "MAX_HEADER_CHARS",
+    "MAX_HEADER_FIELDS",
+    "MAX_JSON_NODES",
     "BodyLike",
+    "BodyView",
     "Evidence",
     "Finding",
     "HeadersLike",
+    "body_text",
     "error_object",
     "gather",
     "iter_strings",
     "normalize_headers",
+    "plain_body",
+    "read_body",
 ]
 
 HeadersLike = Mapping[str, str] | Iterable[tuple[str, str]] | None
@@ -33,6 +44,14 @@ BodyLike = str | bytes | Mapping[str, Any] | None
 
 #: Bodies are read up to this many characters; a refusal is never larger.
 MAX_BODY_CHARS = 1_000_000
+#: Header fields are read up to this many (repeats included).  A provider sends a
+#: few dozen, and http.client (under requests and urllib3) refuses more than 100.
+MAX_HEADER_FIELDS = 1_000
+#: ... and up to this many characters of names and values (a response's header
+#: block is a few kilobytes; proxies refuse one past 8 to 64 KiB).
+MAX_HEADER_CHARS = 65_536
+#: A JSON body is walked (and a mapping body copied) up to this many values.
+MAX_JSON_NODES = 4_096
 _MAX_HEADER_VALUE = 8192
 
 
@@ -68,17 +87,48 @@ class Finding:
     soft_period: bool = False
 
 
+def _decode(value: bytes | bytearray) -> str:
+    """The first :data:`MAX_BODY_CHARS` characters of UTF-8 bytes (errors replaced).
+
+    Decoded in two steps, as few bytes as can give that many characters first:
+    4 MB of invalid bytes decoded at once took ~20 ms for the 1 MB kept.  The
+    incremental decoder makes the two steps decode exactly as one would.
+    """
+    first = MAX_BODY_CHARS + 3  # a character cut at the end completes within 3 bytes
+    if len(value) <= first:
+        return bytes(value).decode("utf-8", "replace")[:MAX_BODY_CHARS]
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = decoder.decode(bytes(value[:first]))
+    if len(text) < MAX_BODY_CHARS:
+        last = MAX_BODY_CHARS * 4  # 4 bytes a character at most
+        text += decoder.decode(bytes(value[first:last]), final=True)
+    return text[:MAX_BODY_CHARS]
+
+
 def _text(value: object) -> str:
     if isinstance(value, bytes | bytearray):
-        return bytes(value[: MAX_BODY_CHARS * 4]).decode("utf-8", "replace")[:MAX_BODY_CHARS]
+        return _decode(value)
     return str(value)[:_MAX_HEADER_VALUE]
 
 
+def body_text(body: str | bytes | bytearray) -> str:
+    """The body as read: its first :data:`MAX_BODY_CHARS` characters (bytes as UTF-8)."""
+    return body[:MAX_BODY_CHARS] if isinstance(body, str) else _text(body)
+
+
 def normalize_headers(headers: HeadersLike) -> dict[str, str]:
-    """Lowercase names; repeated headers are joined with ``", "`` (RFC 9110)."""
-    result: dict[str, str] = {}
+    """Lowercase names; repeated headers are joined with ``", "`` (RFC 9110).
+
+    Fields are read until :data:`MAX_HEADER_FIELDS` of them or
+    :data:`MAX_HEADER_CHARS` characters of names and values have been read,
+    and a joined value is cut at 8192 characters, as a single one is: a real
+    response has a few dozen fields in a few kilobytes, and reading a hostile
+    million would stall the caller.
+    """
+    parts: dict[str, list[str]] = {}
     if headers is None:
-        return result
+        return {}
+    budget = MAX_HEADER_CHARS
     try:
         multi = getattr(headers, "multi_items", None)
         pairs = getattr(headers, "items", None)
@@ -88,68 +138,104 @@ def normalize_headers(headers: HeadersLike) -> dict[str, str]:
             items = pairs()
         else:
             items = headers
-        for item in items:
+        for item in islice(items, MAX_HEADER_FIELDS):
             if not isinstance(item, tuple | list) or len(item) != 2:
                 continue
-            name, value = item
-            key = _text(name).strip().lower()
+            name, value = _text(item[0]), _text(item[1])
+            budget -= len(name) + len(value)
+            if budget < 0:
+                break
+            key = name.strip().lower()
             if not key:
                 continue
-            text = _text(value).strip()
-            result[key] = f"{result[key]}, {text}" if key in result else text
+            # Joined once at the end: joining on every repeat copied the value
+            # each time (quadratic; 20 000 repeats took ~8 s).
+            parts.setdefault(key, []).append(value.strip())
     except Exception:  # hostile mappings must not break classification
-        return result
-    return result
+        pass
+    return {
+        key: seen[0] if len(seen) == 1 else ", ".join(seen)[:_MAX_HEADER_VALUE]
+        for key, seen in parts.items()
+    }
 
 
-def _decode_json(text: str) -> Any:
-    stripped = text.strip()
-    if not stripped or stripped[0] not in "{[":
-        return None
-    try:
-        return json.loads(stripped)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _sse_error(text: str) -> Any:
-    """The decoded ``data`` of the first SSE error: ``event: error``, a payload of
-    ``"type": "error"`` (Anthropic) or one carrying an ``error`` object (OpenAI)."""
-    if "data:" not in text:
-        return None
-    event = ""
-    data: list[str] = []
-    for raw in [*text.splitlines(), ""]:
-        line = raw.rstrip("\r")
-        if not line:
-            if data:
-                payload = _decode_json("\n".join(data))
-                is_error = event == "error" or (
-                    isinstance(payload, Mapping)
-                    and (
-                        payload.get("type") == "error"
-                        or isinstance(payload.get("error"), Mapping)
-                    )
-                )
-                if is_error:
-                    return payload if payload is not None else {"error": "\n".join(data)}
-            event, data = "", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].strip())
-    return None
-
-
-def _to_plain(value: Any, depth: int = 0) -> Any:
-    """A JSON-like copy of a mapping (bounded depth) so rules can walk it."""
+def _to_plain(value: Any, budget: list[int], depth: int = 0) -> Any:
+    """A JSON-like copy of a mapping so rules can walk it: 32 levels deep, and
+    at most ``budget[0]`` values in all (copying a hostile mapping of 100 000
+    keys took ~0.1 s; a refusal has a few dozen values)."""
     if depth > 32:
         return None
+    budget[0] -= 1
     if isinstance(value, Mapping):
-        return {str(k): _to_plain(v, depth + 1) for k, v in value.items()}
+        plain: dict[str, Any] = {}
+        for key, item in value.items():
+            if budget[0] <= 0:
+                break
+            plain[str(key)] = _to_plain(item, budget, depth + 1)
+        return plain
     if isinstance(value, list | tuple):
-        return [_to_plain(v, depth + 1) for v in value]
+        items: list[Any] = []
+        for item in value:
+            if budget[0] <= 0:
+                break
+            items.append(_to_plain(item, budget, depth + 1))
+        return items
     return value
+
+
+def plain_body(body: Mapping[str, Any]) -> tuple[Any, str]:
+    """A mapping body as read: its bounded JSON-like copy and that copy's JSON
+    text, cut at :data:`MAX_BODY_CHARS`; ``(None, "")`` when it cannot be read."""
+    try:
+        data = _to_plain(body, [MAX_JSON_NODES])
+        return data, json.dumps(data, default=str)[:MAX_BODY_CHARS]
+    except Exception:
+        return None, ""
+
+
+#: What a body reads as: its text, its decoded JSON (or SSE error payload), and
+#: whether that payload came from an SSE stream.
+BodyView = tuple[str, Any, bool]
+# The last reading kept by read_body(keep=True): (body, view), at most one.
+_kept: list[tuple[str | bytes, BodyView]] = []
+
+
+def read_body(body: BodyLike, *, keep: bool = False) -> BodyView:
+    """The body as every reader sees it (see :data:`BodyView`).
+
+    ``keep=True`` (:func:`~rateloop.classify.detect_provider`) keeps the
+    reading of a ``str`` or ``bytes`` body for the next call, which takes it
+    when it reads the very same object: ``classify_exception`` detects the
+    provider and then classifies the same body, and decoding a 1 MB body twice
+    took ~20 ms more.  Only immutable bodies are kept, matched by identity, so
+    a reading is never stale; a thread that misses decodes again.
+    """
+    if _kept:
+        try:
+            held, view = _kept.pop()
+        except IndexError:  # another thread took it
+            pass
+        else:
+            if held is body:
+                return view
+    if body is None:
+        view = ("", None, False)
+    elif isinstance(body, Mapping):
+        data, text = plain_body(body)
+        view = (text, data, False)
+    elif isinstance(body, bytes | bytearray | str):
+        text = body_text(body)
+        data = decode_json(text)
+        sse = False
+        if data is None:
+            data = sse_error(text)
+            sse = data is not None
+        view = (text, data, sse)
+    else:
+        view = (_text(body), None, False)
+    if keep and type(body) in (str, bytes):
+        _kept.append((body, view))  # type: ignore[arg-type]
+    return view
 
 
 def gather(
@@ -161,24 +247,7 @@ def gather(
     provider: str | None,
 ) -> Evidence:
     norm = normalize_headers(headers)
-    data: Any = None
-    sse = False
-    if body is None:
-        text = ""
-    elif isinstance(body, Mapping):
-        try:
-            data = _to_plain(body)
-            text = json.dumps(data, default=str)[:MAX_BODY_CHARS]
-        except Exception:
-            data, text = None, ""
-    elif isinstance(body, bytes | bytearray | str):
-        text = _text(body) if not isinstance(body, str) else body[:MAX_BODY_CHARS]
-        data = _decode_json(text)
-        if data is None:
-            data = _sse_error(text)
-            sse = data is not None
-    else:
-        text = _text(body)
+    text, data, sse = read_body(body)
     return Evidence(
         status=status, headers=norm, text=text, data=data, now=now, provider=provider, sse_error=sse
     )

@@ -23,13 +23,14 @@ Nothing here raises on hostile input; unknown values are skipped.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from rateloop.classify._detect import detect
+from rateloop.classify._evidence import MAX_JSON_NODES
+from rateloop.classify._structured import parse_list
 from rateloop.classify._time import parse_datetime, parse_number, reset_value, seconds_between
 from rateloop.signal import Dimension, Observed, clamp_wait
 
@@ -197,26 +198,6 @@ def _families(
         )
 
 
-_QUOTED = r'"(?:[^"\\]|\\.)*"'
-_MEMBER = re.compile(
-    rf"\s*({_QUOTED}|[^;,\s]+)"
-    rf"((?:\s*;\s*[A-Za-z*][\w.*-]*(?:=(?:{_QUOTED}|[^;,\s]*))?)*)\s*(?:,|$)"
-)
-_PARAM = re.compile(rf";\s*([A-Za-z*][\w.*-]*)(?:=({_QUOTED}|[^;,\s]*))?")
-
-
-def _structured(value: str) -> dict[str, dict[str, str]]:
-    """A minimal RFC 8941 list-of-items parser: ``{name: {param: value}}``."""
-    members: dict[str, dict[str, str]] = {}
-    for match in _MEMBER.finditer(value[:4096]):
-        if not match.group(0).strip():
-            continue
-        name = match.group(1).strip('"')
-        params = {k.lower(): (v or "").strip('"') for k, v in _PARAM.findall(match.group(2))}
-        members.setdefault(name, params)
-    return members
-
-
 _UNITS = {
     "requests": Dimension.REQUESTS,
     "request": Dimension.REQUESTS,
@@ -227,8 +208,8 @@ _UNITS = {
 
 def _ietf(headers: Mapping[str, str]) -> Iterator[Observed]:
     """The current draft: ``RateLimit-Policy: "p";q=100;w=60`` + ``RateLimit: "p";r=50;t=30``."""
-    policies = _structured(headers.get("ratelimit-policy", ""))
-    current = _structured(headers.get("ratelimit", ""))
+    policies = parse_list(headers.get("ratelimit-policy", ""))
+    current = parse_list(headers.get("ratelimit", ""))
     for name in dict.fromkeys([*current, *policies]):
         state = current.get(name, {})
         policy = policies.get(name, {})
@@ -286,22 +267,29 @@ def exhausted(observed: tuple[Observed, ...]) -> list[Exhausted]:
 # --- JSON reset fields -----------------------------------------------------
 
 
-def _walk(value: Any, depth: int = 0) -> Iterator[tuple[str, Any]]:
-    if depth > 16:
+def _walk(value: Any, budget: list[int], depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """Every mapping entry, depth first: 16 levels, 256 items of a list, and at
+    most ``budget[0]`` values in all (a hostile body may hold 100 000)."""
+    if depth > 16 or budget[0] <= 0:
         return
+    budget[0] -= 1
     if isinstance(value, Mapping):
         for key, item in value.items():
+            if budget[0] <= 0:
+                return
             yield str(key), item
-            yield from _walk(item, depth + 1)
+            yield from _walk(item, budget, depth + 1)
     elif isinstance(value, list):
         for item in value[:256]:
-            yield from _walk(item, depth + 1)
+            if budget[0] <= 0:
+                return
+            yield from _walk(item, budget, depth + 1)
 
 
 def body_reset(data: Any, now: datetime) -> tuple[float | None, datetime | None, str | None]:
     """The first reset field found in a JSON body: ``(wait, reset_at, field)``."""
     try:
-        for key, value in _walk(data):
+        for key, value in _walk(data, [MAX_JSON_NODES]):
             if key in RESET_FIELDS and not isinstance(value, Mapping | list):
                 wait, moment = reset_value(value, now, millis=RESET_FIELDS[key])
                 if wait is not None or moment is not None:

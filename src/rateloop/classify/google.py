@@ -54,11 +54,12 @@ def next_pacific_midnight(now: datetime) -> datetime | None:
 
 
 def _details(err: Mapping[str, Any], suffix: str) -> list[Mapping[str, Any]]:
+    """The details of one type, among the first 64 (an error carries a handful)."""
     details = err.get("details")
     if not isinstance(details, list):
         return []
     return [
-        d for d in details
+        d for d in details[:64]
         if isinstance(d, Mapping) and str(d.get("@type", "")).endswith(suffix)
     ]
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from itertools import islice
 
-from rateloop.classify._evidence import Evidence, Finding, error_object
+from rateloop.classify._evidence import MAX_HEADER_FIELDS, Evidence, Finding, error_object
 from rateloop.classify._rules import message_of, throttle
 from rateloop.classify._time import parse_number, reset_value
 from rateloop.signal import Dimension, Kind
@@ -120,6 +121,6 @@ def nested_headers(ev: Evidence) -> dict[str, str]:
         return {}
     return {
         str(k).lower(): str(v)
-        for k, v in headers.items()
+        for k, v in islice(headers.items(), MAX_HEADER_FIELDS)
         if isinstance(v, str | int | float) and not isinstance(v, bool)
     }
