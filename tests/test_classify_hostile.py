@@ -19,18 +19,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rateloop.classify import classify, detect_provider
+from rateloop.classify import _evidence as evidence
+from rateloop.classify import classify, classify_exception, detect_provider
 from rateloop.classify._evidence import (
     MAX_BODY_CHARS,
     MAX_HEADER_CHARS,
     MAX_HEADER_FIELDS,
     body_text,
     normalize_headers,
-    read_body,
 )
 from rateloop.classify._http import observe
 from rateloop.classify._sse import decode_json, sse_error
@@ -251,12 +252,17 @@ def test_bytes_are_decoded_as_one_decoding_would(unit: bytes, extra: int) -> Non
     assert body_text(body) == expected
 
 
-def test_a_body_read_for_detection_is_not_decoded_again_by_classify() -> None:
+def test_an_exception_body_is_decoded_once_for_detection_and_classification(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    real = evidence.body_text
+    monkeypatch.setattr(evidence, "body_text", lambda body: calls.append(1) or real(body))
     body = json.dumps({"error": {"message": "rate limit", "details": list(range(1000))}})
-    _, data, _ = read_body(body, keep=True)
-    assert read_body(body)[1] is data  # the kept reading, taken
-    assert read_body(body)[1] is not data  # taken once: read again
-    read_body(body, keep=True)
-    assert read_body(body.encode())[1] is not data  # another object: never the kept one
-    assert read_body(bytearray(b'{"a": 1}'), keep=True)[1] == {"a": 1}
-    assert read_body(bytearray(b'{"a": 1}'))[1] == {"a": 1}  # mutable bodies are never kept
+    request = httpx.Request("POST", "https://example.test/v1")
+    response = httpx.Response(429, content=body.encode(), request=request)
+    error = httpx.HTTPStatusError("429", request=request, response=response)
+    calls.clear()
+    signal = classify_exception(error, now=NOW)
+    assert signal.kind is Kind.TEMPORARY
+    assert len(calls) == 1

@@ -37,7 +37,7 @@ from rateloop.classify._time import add_seconds
 from rateloop.classify._traps import envelope, reconcile
 from rateloop.signal import MAX_WAIT_SECONDS, Kind, LimitSignal, Observed
 
-__all__ = ["classify", "resolve_now", "signal_from"]
+__all__ = ["classify", "classify_hinted", "resolve_now", "signal_from"]
 
 Rule = Callable[[Evidence], Finding | None]
 
@@ -197,6 +197,24 @@ def classify(
     raises on hostile response content; waits are always within [0, 86400]
     seconds.
     """
+    return classify_hinted(
+        status, headers, body, provider=provider, hint=None, now=now, pause_limit=pause_limit
+    )
+
+
+def classify_hinted(
+    status: int | None,
+    headers: HeadersLike,
+    body: BodyLike,
+    *,
+    provider: str | None,
+    hint: str | None,
+    now: datetime | None,
+    pause_limit: float | None,
+) -> LimitSignal:
+    """:func:`classify`, where ``hint`` names the provider when the response
+    itself does not (its headers and body are read once for both: an
+    exception's 1 MB body is decoded once, not for detection and again)."""
     if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
         raise TypeError(f"status must be an int HTTP status or None, got {status!r}")
     if provider is not None and not isinstance(provider, str):
@@ -206,10 +224,11 @@ def classify(
     given = provider.strip().lower() or None if provider else None
     try:
         return read_response(
-            status, headers, body, provider=given, now=moment, pause_limit=threshold
+            status, headers, body, provider=given, hint=hint, now=moment, pause_limit=threshold
         )
     except Exception:  # a reader bug must not take the caller's loop down
-        return _fallback(status, headers, body, provider=given, now=moment, threshold=threshold)
+        fallback = given or hint
+        return _fallback(status, headers, body, provider=fallback, now=moment, threshold=threshold)
 
 
 def _fallback(
@@ -241,13 +260,18 @@ def read_response(
     provider: str | None,
     now: datetime,
     pause_limit: float | None = None,
+    hint: str | None = None,
 ) -> LimitSignal:
     """The classification itself, without :func:`classify`'s safety net.
 
     The property tests call this, so a reader bug shows up as a failure
-    instead of hiding behind the status-only fallback.
+    instead of hiding behind the status-only fallback.  ``hint`` is the
+    provider when detection on the response as given (before gateway-nested
+    headers are merged, as :func:`detect_provider` reads it) finds none.
     """
     ev = gather(status, headers, body, now=now, provider=None)
+    if provider is None and hint is not None:
+        provider = detect(ev.headers, None if ev.sse_error else ev.data, ev.text) or hint
     nested = others.nested_headers(ev)
     if nested:
         ev = replace(ev, headers={**nested, **ev.headers})

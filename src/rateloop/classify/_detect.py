@@ -182,5 +182,5 @@ def detect_provider(headers: HeadersLike, body: BodyLike) -> str | None:
         return marked
     if not isinstance(body, Mapping | bytes | bytearray | str):
         return detect(norm, None, "")
-    text, data, sse = read_body(body, keep=True)
+    text, data, sse = read_body(body)
     return detect(norm, None if sse else data, text)

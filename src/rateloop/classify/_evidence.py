@@ -196,28 +196,8 @@ def plain_body(body: Mapping[str, Any]) -> tuple[Any, str]:
 #: What a body reads as: its text, its decoded JSON (or SSE error payload), and
 #: whether that payload came from an SSE stream.
 BodyView = tuple[str, Any, bool]
-# The last reading kept by read_body(keep=True): (body, view), at most one.
-_kept: list[tuple[str | bytes, BodyView]] = []
-
-
-def read_body(body: BodyLike, *, keep: bool = False) -> BodyView:
-    """The body as every reader sees it (see :data:`BodyView`).
-
-    ``keep=True`` (:func:`~rateloop.classify.detect_provider`) keeps the
-    reading of a ``str`` or ``bytes`` body for the next call, which takes it
-    when it reads the very same object: ``classify_exception`` detects the
-    provider and then classifies the same body, and decoding a 1 MB body twice
-    took ~20 ms more.  Only immutable bodies are kept, matched by identity, so
-    a reading is never stale; a thread that misses decodes again.
-    """
-    if _kept:
-        try:
-            held, view = _kept.pop()
-        except IndexError:  # another thread took it
-            pass
-        else:
-            if held is body:
-                return view
+def read_body(body: BodyLike) -> BodyView:
+    """The body as every reader sees it (see :data:`BodyView`)."""
     if body is None:
         view = ("", None, False)
     elif isinstance(body, Mapping):
@@ -233,8 +213,6 @@ def read_body(body: BodyLike, *, keep: bool = False) -> BodyView:
         view = (text, data, sse)
     else:
         view = (_text(body), None, False)
-    if keep and type(body) in (str, bytes):
-        _kept.append((body, view))  # type: ignore[arg-type]
     return view
 
 

@@ -36,8 +36,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from rateloop.classify._core import classify, resolve_now
-from rateloop.classify._detect import detect_provider
+from rateloop.classify._core import classify, classify_hinted, resolve_now
 from rateloop.classify._far import far_wait_threshold
 from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 
@@ -139,8 +138,9 @@ def _classify_parts(
     now: datetime,
     limit: float,
 ) -> LimitSignal:
-    provider = detect_provider(headers, body) or hint
-    return classify(status, headers, body, provider=provider, now=now, pause_limit=limit)
+    return classify_hinted(
+        status, headers, body, provider=None, hint=hint, now=now, pause_limit=limit
+    )
 
 
 def classify_response(
