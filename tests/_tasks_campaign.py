@@ -33,12 +33,8 @@ Used by ``test_tasks_campaign.py`` (small, bounded) and ``bench/tasks_campaign.p
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -48,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import tasks_campaign_app as app
+from _worker_procs import WorkerProcs
 from rateloop.tasks import QueuePolicy, TaskRunner, TaskState, open_store
 from rateloop.tasks.postgres_store import PostgresTaskStore
 from rateloop.tasks.store import TaskStore
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 APP = str(Path(__file__).resolve().parent / "tasks_campaign_app.py")
 
 
@@ -84,35 +80,17 @@ class Figures:
         return f"kill -9 campaign\n{rows}"
 
 
-class Fleet:
-    """Worker processes on one store; every process started is ended by :meth:`stop_all`."""
+class Fleet(WorkerProcs):
+    """Worker processes on one store, and the effects file their steps write."""
 
     def __init__(self, url: str, tmp: Path, *, lease: float, poll: float) -> None:
-        self.url, self.tmp, self.lease, self.poll = url, tmp, lease, poll
         self.effects = str(tmp / "effects.db")
         app.init_effects(self.effects)
         (tmp / "policy.toml").write_text("pause_limit_secs = 1\n")
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.killed: set[int] = set()
-
-    def start(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=SRC, RATELOOP_CAMPAIGN_EFFECTS=self.effects,
-                   RATELOOP_CAMPAIGN_WORKER="1")
-        log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rateloop", "worker", "--store", self.url, "--app", APP,
-             "--lease-secs", str(self.lease), "--poll-secs", str(self.poll),
-             "--policy", str(self.tmp / "policy.toml")],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+        super().__init__(
+            tmp, url, [APP], lease=lease, poll=poll, policy=tmp / "policy.toml",
+            env={"RATELOOP_CAMPAIGN_EFFECTS": self.effects, "RATELOOP_CAMPAIGN_WORKER": "1"},
         )
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        self.killed.add(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
 
     def booted(self) -> int:
         conn = app.connect(self.effects)
@@ -121,27 +99,12 @@ class Fleet:
         finally:
             conn.close()
 
-    def logs(self, tail: int = 3000) -> str:
-        text = "\n".join(p.read_text(errors="replace") for p in sorted(self.tmp.glob("worker-*")))
-        return text[-tail:]
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
 
 def wait_booted(fleet: Fleet, n: int, timeout: float) -> None:
     end = time.monotonic() + timeout
     while fleet.booted() < n:
         if time.monotonic() > end:
-            raise AssertionError(f"{n} workers not up after {timeout}s\n{fleet.logs()}")
+            raise AssertionError(f"{n} workers not up after {timeout}s\n{fleet.logs(tail=3000)}")
         time.sleep(0.05)
     time.sleep(0.3)  # the import is done; the store opens and the first poll follows
 
@@ -250,7 +213,7 @@ def run_campaign(
         fig.elapsed = round(time.monotonic() - start, 1)
         fleet.stop_all()
         _audit(fig, store, ids, fleet)
-        return fig, fleet.logs()
+        return fig, fleet.logs(tail=3000)
     finally:
         fleet.stop_all()
         store.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +20,8 @@ import pytest
 
 import tasks_campaign_app as app
 from _tasks_campaign import Fleet, run_campaign, wait_booted
+from _worker_procs import task_store_url
 from rateloop.tasks import TaskRunner, TaskState, open_store
-from rateloop.tasks.postgres_store import PostgresTaskStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -34,15 +33,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def url(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    if engine == "sqlite":
-        yield f"sqlite:///{tmp_path}/tasks.db"
-        return
-    dsn = request.getfixturevalue("postgres_dsn")
-    schema = f"rateloop_test_{uuid.uuid4().hex[:10]}"
-    yield f"{dsn}?schema={schema}"
-    cleaner = PostgresTaskStore(dsn, schema=schema)
-    cleaner.drop()
-    cleaner.close()
+    dsn = request.getfixturevalue("postgres_dsn") if engine == "postgres" else None
+    with task_store_url(tmp_path, dsn) as url:
+        yield url
 
 
 def test_two_live_workers_a_step_longer_than_the_lease_runs_once(
@@ -58,9 +51,9 @@ def test_two_live_workers_a_step_longer_than_the_lease_runs_once(
         rec = TaskRunner(store, tasks=[app.campaign]).submit(app.campaign, {"sleep": slow})
         end = time.monotonic() + 45
         while not (got := store.get(rec.task_id)) or not got.state.terminal:
-            assert time.monotonic() < end, fleet.logs()
+            assert time.monotonic() < end, fleet.logs(tail=3000)
             time.sleep(0.05)
-        assert got.state is TaskState.COMPLETED, fleet.logs()
+        assert got.state is TaskState.COMPLETED, fleet.logs(tail=3000)
         conn = sqlite3.connect(fleet.effects)
         try:
             runs = dict(conn.execute("SELECT step, COUNT(*) FROM executions GROUP BY step"))
@@ -68,7 +61,7 @@ def test_two_live_workers_a_step_longer_than_the_lease_runs_once(
             checks = conn.execute("SELECT COUNT(*) FROM checks").fetchone()[0]
         finally:
             conn.close()
-        assert runs == dict.fromkeys(app.campaign.step_names, 1), fleet.logs()
+        assert runs == dict.fromkeys(app.campaign.step_names, 1), fleet.logs(tail=3000)
         assert len(pids) == 1  # one worker ran the whole task: the other never took it
         assert checks == 0
         assert got.checkpoint.attempts_used.redeliveries == 0  # no false redelivery

@@ -7,56 +7,39 @@ executions and side effects in a SQLite file this test owns.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import test_tasks_app as app
+from _worker_procs import WorkerProcs, task_store_url
 from rateloop.tasks import QueuePolicy, TaskRecord, TaskRunner, TaskState, open_store
-from rateloop.tasks.postgres_store import PostgresTaskStore
 from rateloop.tasks.store import TaskStore
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 APP = str(Path(__file__).resolve().parent / "test_tasks_app.py")
-LEASE = "1.0"
+LEASE = 1.0
 
 
-class Fleet:
-    """Worker processes on one store; every one started is stopped at teardown."""
+class Fleet(WorkerProcs):
+    """Worker processes on one store, and a runner to submit and read the tasks."""
 
-    def __init__(self, tmp: Path, url: str | None = None) -> None:
-        self.tmp = tmp
-        self.url = url or f"sqlite:///{tmp}/tasks.db"
+    def __init__(self, tmp: Path, url: str) -> None:
         self.effects = str(tmp / "effects.db")
         app.init_effects(self.effects)
         (tmp / "policy.toml").write_text("pause_limit_secs = 1\n")
-        self.procs: list[subprocess.Popen[bytes]] = []
+        super().__init__(
+            tmp, url, [APP], lease=LEASE, poll=0.05, policy=tmp / "policy.toml",
+            env={"RATELOOP_TEST_EFFECTS": self.effects},
+        )
         self.store: TaskStore = open_store(self.url)
         self.runner = TaskRunner(self.store, tasks=[app.durable],
                                  policy=QueuePolicy(max_depth=5000))
-
-    def start(self) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=SRC, RATELOOP_TEST_EFFECTS=self.effects)
-        log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rateloop", "worker", "--store", self.url, "--app", APP,
-             "--lease-secs", LEASE, "--poll-secs", "0.05",
-             "--policy", str(self.tmp / "policy.toml")],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs.append(proc)
-        return proc
 
     def submit(self, mode: str, **kw: object) -> TaskRecord:
         return self.runner.submit(app.durable, {"mode": mode, **kw})
@@ -75,9 +58,6 @@ class Fleet:
         states = {t: self.get(t).state.value for t in task_ids}
         raise AssertionError(f"tasks not terminal after {timeout}s: {states}\n{self.logs()}")
 
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.tmp.glob("worker-*.log"))
-
     def count(self, table: str, task_id: str | None = None, step: str | None = None) -> int:
         conn = sqlite3.connect(self.effects)
         try:
@@ -91,34 +71,16 @@ class Fleet:
         finally:
             conn.close()
 
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:  # pragma: no cover - reported by the test
-                p.kill()
-                p.wait()
-
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
     """Workers on a SQLite file, or on PostgreSQL in a schema of this test's own."""
-    url = schema = dsn = None
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("postgres_dsn")
-        schema = f"rateloop_test_{uuid.uuid4().hex[:10]}"
-        url = f"{dsn}?schema={schema}"
-    f = Fleet(tmp_path, url)
-    yield f
-    f.stop_all()
-    f.store.close()
-    if dsn is not None and schema is not None:
-        cleaner = PostgresTaskStore(dsn, schema=schema)
-        cleaner.drop()
-        cleaner.close()
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None
+    with task_store_url(tmp_path, dsn) as url:
+        f = Fleet(tmp_path, url)
+        yield f
+        f.stop_all()
+        f.store.close()
 
 
 def test_kill_9_between_a_checkpoint_and_the_wait(fleet: Fleet) -> None:

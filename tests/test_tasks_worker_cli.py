@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import test_tasks_app as app
+from _worker_procs import SRC, WorkerProcs, task_store_url
 from rateloop.tasks import (
     StepContext,
     TaskRecord,
@@ -31,10 +32,8 @@ from rateloop.tasks import (
     open_store,
     task,
 )
-from rateloop.tasks.postgres_store import PostgresTaskStore
 from rateloop.tasks.store import TaskStore
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 APP = str(Path(__file__).resolve().parent / "test_tasks_app.py")
 SECRET = "sk-proj-SECRET-task-argument-0123456789"
 
@@ -64,31 +63,13 @@ def _rateloop(tmp: Path, *args: str, timeout: float = 60) -> subprocess.Complete
     )
 
 
-class Workers:
-    """``rateloop worker`` processes on one store; every one started is stopped at teardown."""
+class Workers(WorkerProcs):
+    """``rateloop worker`` processes on one store, and the store to read the tasks from."""
 
     def __init__(self, tmp: Path, url: str) -> None:
-        self.tmp, self.url = tmp, url
         app.init_effects(str(tmp / "effects.db"))
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
+        super().__init__(tmp, url, [APP], lease=1.0, poll=0.05, env=_env(tmp))
         self.store: TaskStore = open_store(url)
-
-    def start(self, *args: str, apps: tuple[str, ...] = (APP,)) -> subprocess.Popen[bytes]:
-        log = self.tmp / f"worker-{len(self.procs)}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "rateloop", "worker", "--store", self.url,
-                 *(x for a in apps for x in ("--app", a)), "--lease-secs", "1.0",
-                 "--poll-secs", "0.05", *args],
-                env=_env(self.tmp), stdout=subprocess.DEVNULL, stderr=out,
-            )
-        self.procs.append(proc)
-        self.logs.append(log)
-        return proc
-
-    def log(self, proc: subprocess.Popen[bytes]) -> str:
-        return self.logs[self.procs.index(proc)].read_text(errors="replace")
 
     def get(self, task_id: str) -> TaskRecord:
         rec = self.store.get(task_id)
@@ -98,41 +79,18 @@ class Workers:
     def wait(self, task_id: str, done: Callable[[TaskRecord], bool], timeout: float = 30) -> None:
         end = time.monotonic() + timeout
         while not done(self.get(task_id)):
-            logs = "\n".join(p.read_text(errors="replace") for p in self.logs)
-            assert time.monotonic() < end, f"{self.get(task_id)!r}\n{logs}"
+            assert time.monotonic() < end, f"{self.get(task_id)!r}\n{self.logs()}"
             time.sleep(0.05)
-
-    def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:  # pragma: no cover - reported by the test
-            proc.kill()
-            proc.wait()
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            self.stop(p)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workers]:
-    url = f"sqlite:///{tmp_path}/tasks.db"
-    schema = dsn = None
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("postgres_dsn")
-        schema = f"rateloop_test_{uuid.uuid4().hex[:10]}"
-        url = f"{dsn}?schema={schema}"
-    w = Workers(tmp_path, url)
-    yield w
-    w.stop_all()
-    w.store.close()
-    if dsn is not None and schema is not None:
-        cleaner = PostgresTaskStore(dsn, schema=schema)
-        cleaner.drop()
-        cleaner.close()
+    dsn = request.getfixturevalue("postgres_dsn") if request.param == "postgres" else None
+    with task_store_url(tmp_path, dsn) as url:
+        w = Workers(tmp_path, url)
+        yield w
+        w.stop_all()
+        w.store.close()
 
 
 def _submit(store: TaskStore, mode: str, **kw: object) -> str:
