@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from rateloop.classify import classify
 from rateloop.classify._standing import credit_exhausted, must_change, zero_quota
+from rateloop.cli import app
 from rateloop.loop import AsyncRateLoop, RateLoop
 from rateloop.outcome import Outcome, Status
 from rateloop.policy import Policy
@@ -217,3 +219,18 @@ def test_a_key_cap_on_a_403_needs_an_operator_as_spend(run: Runner, clock: FakeC
     assert out.status is Status.NEEDS_OPERATOR
     assert out.signal is not None and out.signal.kind is Kind.SPEND
     assert len(fn.calls) == 1 and clock.sleeps == []
+
+
+# --- what `rateloop classify` says --------------------------------------------------------
+
+
+def test_rateloop_classify_says_a_zero_limit_needs_an_operator_not_a_retry() -> None:
+    saved = "HTTP/1.1 429 Too Many Requests\ncontent-type: application/json\n\n" + _google(
+        GEMINI_ZERO
+    )
+    result = CliRunner().invoke(app, ["classify", "-"], input=saved)
+    assert result.exit_code == 0, result.output
+    first, rest = result.stdout.split("\n", 1)
+    assert first.startswith("permission: ") and "no quota at all for this model" in first
+    assert "retry" not in first.replace("retrying will not help", "")
+    assert json.loads(rest)["matched"] == "limit: 0"
