@@ -234,3 +234,15 @@ def test_rateloop_classify_says_a_zero_limit_needs_an_operator_not_a_retry() -> 
     assert first.startswith("permission: ") and "no quota at all for this model" in first
     assert "retry" not in first.replace("retrying will not help", "")
     assert json.loads(rest)["matched"] == "limit: 0"
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_an_upstream_402_object_relayed_in_a_5xx_is_spend(status: int) -> None:
+    # What a gateway does with OpenRouter's credit refusal (ScreamingFace/screamingface#679,
+    # tailcallhq/forgecode#571): the upstream error object, with the gateway's own status.
+    body = json.dumps({"error": {"message": "Payment Required", "code": 402}})
+    signal = classify(status, {}, body, now=NOW)
+    assert (signal.kind, signal.matched) == (Kind.SPEND, f"error 402 in a {status}")
+    # only the 402 means credit: another upstream code in a 5xx stays a server error
+    other = json.dumps({"error": {"message": "Bad Gateway", "code": 404}})
+    assert classify(status, {}, other, now=NOW).kind is Kind.SERVER_ERROR

@@ -12,7 +12,8 @@ How it works: after a provider rule (or the status fallback) has a finding,
 1. A request that can **never fit** its limit ("Limit 30000, Requested
    45000", "Request too large", Groq's 413) is ``invalid`` — decided inside
    :func:`~rateloop.classify._rules.throttle`, before anything else.
-2. A **spend phrase** in the message ("insufficient balance (1008)", "余额不足")
+2. A gateway's **5xx carrying the upstream's error object with code 402** is
+   ``spend``; so is a **spend phrase** in the message ("insufficient balance (1008)", "余额不足")
    is ``spend`` whatever the status or type: MiniMax sends it as a 500
    ``api_error``.
 3. A **429 whose message reads as a rate limit** is a throttle whatever its
@@ -135,6 +136,13 @@ def reconcile(ev: Evidence, finding: Finding) -> Finding:
         return standing
     if ev.status < 400:
         return finding
+    if ev.status >= 500 and finding.kind in (Kind.SERVER_ERROR, Kind.UNKNOWN):
+        relayed = _relayed_code(ev)
+        if relayed == 402:
+            # A gateway relays the upstream's error object with its own 5xx: the
+            # object's code says the account ran out of credit.
+            return Finding(kind=Kind.SPEND, code=finding.code,
+                           matched=f"error 402 in a {ev.status}", request_id=finding.request_id)
     if finding.kind in (Kind.SERVER_ERROR, Kind.UNKNOWN, Kind.INVALID, Kind.OVERLOAD):
         spend = spend_of(message)
         if spend is not None:
@@ -165,6 +173,16 @@ def reconcile(ev: Evidence, finding: Finding) -> Finding:
         return Finding(kind=Kind.OVERLOAD, code=finding.code, matched="overloaded",
                        request_id=finding.request_id)
     return finding
+
+
+def _relayed_code(ev: Evidence) -> int | None:
+    """The numeric ``code`` of the body's error object (``402``, ``"402"``), or ``None``."""
+    err = error_object(ev.data)
+    raw = err.get("code") if err is not None else None
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        return None
+    number = parse_number(raw)
+    return int(number) if number is not None and 100 <= number < 600 else None
 
 
 def _by_code(ev: Evidence, code: int | None, message: str, label: str | None) -> Finding | None:
