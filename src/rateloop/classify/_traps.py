@@ -13,9 +13,9 @@ How it works: after a provider rule (or the status fallback) has a finding,
    45000", "Request too large", Groq's 413) is ``invalid`` — decided inside
    :func:`~rateloop.classify._rules.throttle`, before anything else.
 2. A gateway's **5xx carrying the upstream's error object with code 402** is
-   ``spend``; so is a **spend phrase** in the message ("insufficient balance (1008)", "余额不足")
-   is ``spend`` whatever the status or type: MiniMax sends it as a 500
-   ``api_error``.
+   ``spend``; so is a **spend phrase** in the message ("insufficient
+   balance (1008)", "余额不足"), whatever the status or type: MiniMax sends
+   it as a 500 ``api_error``.
 3. A **429 whose message reads as a rate limit** is a throttle whatever its
    ``type``: Anthropic's OpenAI-compatible endpoint sends a rate limit as
    ``invalid_request_error``; Together sends "60 queries per minute" with
