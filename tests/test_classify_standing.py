@@ -18,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from rateloop.classify import classify
+from rateloop.classify import classify, classify_exception
 from rateloop.classify._standing import credit_exhausted, must_change, zero_quota
 from rateloop.cli import app
 from rateloop.loop import AsyncRateLoop, RateLoop
@@ -246,3 +246,12 @@ def test_an_upstream_402_object_relayed_in_a_5xx_is_spend(status: int) -> None:
     # only the 402 means credit: another upstream code in a 5xx stays a server error
     other = json.dumps({"error": {"message": "Bad Gateway", "code": 404}})
     assert classify(status, {}, other, now=NOW).kind is Kind.SERVER_ERROR
+
+
+def test_the_genai_sdks_exception_for_a_zero_limit_is_permission() -> None:
+    errors = pytest.importorskip("google.genai.errors")
+    exc = errors.ClientError(429, json.loads(_google(GEMINI_ZERO)), None)
+    signal = classify_exception(exc, now=NOW)
+    assert (signal.kind, signal.provider, signal.matched) == (
+        Kind.PERMISSION, "google", "limit: 0"
+    )
