@@ -188,8 +188,8 @@ def test_bom_utf16_lowercase_and_redirect_bodies_are_read(tmp_path: Path) -> Non
         (["--text"], "Error: HTTP 429 Too Many Requests",
          "temporary: a short throttle — back off briefly and retry"),
         (["--text"], "Invalid API key · Please run /login",
-         "permission: the key or account was refused — fix the credentials; "
-         "retrying will not help"),
+         "permission: the key, account or project was refused, or has no quota at all "
+         "for this model (limit 0) — an operator must act; retrying will not help"),
         (["--text"], "API Error: 529 Overloaded",
          "overload: the provider is overloaded — retry later or fall back"),
         (["--text"], "panic: index out of bounds",

@@ -49,6 +49,7 @@ _RULES: tuple[tuple[str, Rule], ...] = (
     ("slack", others.slack_rule),
     ("mistral", others.mistral_rule),
     ("groq", others.groq_rule),
+    ("openrouter", others.openrouter_rule),
     ("openai", openai.rule),
 )
 _PROVIDER_RULE = {"azure": "openai"}

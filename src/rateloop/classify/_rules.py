@@ -19,6 +19,7 @@ from typing import Any
 
 from rateloop.classify._evidence import Evidence, Finding, error_object
 from rateloop.classify._phrases import dimension_of, never_fits, period_of, spend_of, wait_in
+from rateloop.classify._standing import credit_exhausted, must_change, zero_quota
 from rateloop.signal import Kind
 
 __all__ = ["by_status", "code_of", "message_of", "overloaded", "throttle"]
@@ -61,16 +62,23 @@ def overloaded(text: str) -> bool:
 def throttle(
     ev: Evidence, *, message: str, code: str | None, matched: str | None
 ) -> Finding:
-    """Never fits, else spend, else spent period, else a temporary throttle.
+    """Must change, else a zero limit, else spend, else spent period, else a throttle.
 
-    A request larger than its whole limit is ``invalid`` whatever the status:
-    waiting cannot help it.  A period named only in prose is ``soft``: the
-    core turns it into a short throttle when the stated wait is short.
+    A request larger than its whole limit, or one the provider refuses as
+    it stands (Bedrock's on-demand throughput, max tokens over the model's
+    limit, a content filter), is ``invalid`` whatever the status: waiting
+    cannot help it.  A quota whose limit is zero is ``permission``: there is
+    nothing to wait for (:mod:`rateloop.classify._standing`).  A period
+    named only in prose is ``soft``: the core turns it into a short throttle
+    when the stated wait is short.
     """
-    too_large = never_fits(message)
+    too_large = never_fits(message) or must_change(message)
     if too_large is not None:
         return Finding(kind=Kind.INVALID, code=code, matched=too_large)
-    spend = spend_of(message)
+    zero = zero_quota(message)
+    if zero is not None:
+        return Finding(kind=Kind.PERMISSION, code=code, matched=zero)
+    spend = spend_of(message) or credit_exhausted(message)
     if spend is not None:
         return Finding(kind=Kind.SPEND, code=code, matched=spend)
     period = period_of(message)
@@ -117,7 +125,7 @@ def by_status(ev: Evidence) -> Finding:
     if status == 429:
         return throttle(ev, message=message, code=code, matched=code)
     if 400 <= status < 500:
-        spend = spend_of(message)
+        spend = spend_of(message) or credit_exhausted(message)
         if status == 402 or spend is not None:
             return Finding(kind=Kind.SPEND, code=code, matched=spend or matched)
         if status in (401, 403):

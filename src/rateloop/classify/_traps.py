@@ -3,12 +3,19 @@
 How it works: after a provider rule (or the status fallback) has a finding,
 :func:`reconcile` checks it against the strongest evidence, in this order:
 
+0. A refusal that **stands** (:mod:`rateloop.classify._standing`), whatever
+   the status a relay gave it, 2xx error bodies included: a request that
+   must change (Bedrock's "on-demand throughput isn't supported", max tokens
+   over the model's limit, a content filter) is ``invalid``; a quota whose
+   limit is zero ("limit: 0") is ``permission``; an OpenRouter key cap or
+   affordability refusal is ``spend`` (it is sent as a 403).
 1. A request that can **never fit** its limit ("Limit 30000, Requested
    45000", "Request too large", Groq's 413) is ``invalid`` — decided inside
    :func:`~rateloop.classify._rules.throttle`, before anything else.
-2. A **spend phrase** in the message ("insufficient balance (1008)", "余额不足")
-   is ``spend`` whatever the status or type: MiniMax sends it as a 500
-   ``api_error``.
+2. A gateway's **5xx carrying the upstream's error object with code 402** is
+   ``spend``; so is a **spend phrase** in the message ("insufficient
+   balance (1008)", "余额不足"), whatever the status or type: MiniMax sends
+   it as a 500 ``api_error``.
 3. A **429 whose message reads as a rate limit** is a throttle whatever its
    ``type``: Anthropic's OpenAI-compatible endpoint sends a rate limit as
    ``invalid_request_error``; Together sends "60 queries per minute" with
@@ -32,6 +39,7 @@ from typing import Any
 from rateloop.classify._evidence import Evidence, Finding, error_object
 from rateloop.classify._phrases import find, spend_of
 from rateloop.classify._rules import code_of, message_of, overloaded, throttle
+from rateloop.classify._standing import STANDING, credit_exhausted, must_change, zero_quota
 from rateloop.classify._time import parse_datetime, parse_number
 from rateloop.signal import Kind
 
@@ -88,11 +96,53 @@ def _reads_as_throttle(message: str) -> bool:
     return find(_RATE_WORDS, message[:20_000].lower()) is not None
 
 
+#: Kinds a standing refusal overrules: the ones that would be retried or waited out.
+_WAITABLE = frozenset(
+    {Kind.TEMPORARY, Kind.PERIOD_QUOTA, Kind.SERVER_ERROR, Kind.OVERLOAD, Kind.UNKNOWN}
+)
+
+
+def _standing(message: str, finding: Finding) -> Finding | None:
+    """A refusal no wait changes, read from the message whatever the status or type
+    (:mod:`rateloop.classify._standing`): must change → ``invalid``, a zero limit →
+    ``permission``, a key cap or missing credits → ``spend``.  A finding already
+    of that kind is kept as it is (its provider's evidence is the better name),
+    and the later corrections never turn it back into a throttle."""
+    rules = (
+        (Kind.INVALID, must_change, _WAITABLE),
+        (Kind.PERMISSION, zero_quota, _WAITABLE | {Kind.INVALID}),
+        (Kind.SPEND, credit_exhausted, _WAITABLE | {Kind.INVALID, Kind.PERMISSION}),
+    )
+    for kind, reader, overrules in rules:
+        if finding.kind is not kind and finding.kind not in overrules:
+            continue
+        matched = reader(message)
+        if matched is None:
+            continue
+        if finding.kind is kind and not (finding.matched or "0").isdigit():
+            return finding  # the provider's own name for it (a code, a header) is kept
+        return Finding(kind=kind, code=finding.code, matched=matched,
+                       request_id=finding.request_id)
+    return None
+
+
 def reconcile(ev: Evidence, finding: Finding) -> Finding:
     """The finding, corrected where stronger evidence contradicts it (see the module)."""
-    if ev.status is None or ev.status < 400:
+    if ev.status is None or finding.kind is Kind.OK:
         return finding
     message = message_of(ev)
+    standing = _standing(message, finding)
+    if standing is not None:
+        return standing
+    if ev.status < 400:
+        return finding
+    if ev.status >= 500 and finding.kind in (Kind.SERVER_ERROR, Kind.UNKNOWN):
+        relayed = _relayed_code(ev)
+        if relayed == 402:
+            # A gateway relays the upstream's error object with its own 5xx: the
+            # object's code says the account ran out of credit.
+            return Finding(kind=Kind.SPEND, code=finding.code,
+                           matched=f"error 402 in a {ev.status}", request_id=finding.request_id)
     if finding.kind in (Kind.SERVER_ERROR, Kind.UNKNOWN, Kind.INVALID, Kind.OVERLOAD):
         spend = spend_of(message)
         if spend is not None:
@@ -101,6 +151,7 @@ def reconcile(ev: Evidence, finding: Finding) -> Finding:
     if (
         ev.status == 429
         and finding.kind in (Kind.INVALID, Kind.SPEND, Kind.PERMISSION)
+        and finding.matched not in STANDING
         and spend_of(message) is None
         and _reads_as_throttle(message)
     ):
@@ -122,6 +173,16 @@ def reconcile(ev: Evidence, finding: Finding) -> Finding:
         return Finding(kind=Kind.OVERLOAD, code=finding.code, matched="overloaded",
                        request_id=finding.request_id)
     return finding
+
+
+def _relayed_code(ev: Evidence) -> int | None:
+    """The numeric ``code`` of the body's error object (``402``, ``"402"``), or ``None``."""
+    err = error_object(ev.data)
+    raw = err.get("code") if err is not None else None
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        return None
+    number = parse_number(raw)
+    return int(number) if number is not None and 100 <= number < 600 else None
 
 
 def _by_code(ev: Evidence, code: int | None, message: str, label: str | None) -> Finding | None:

@@ -40,8 +40,8 @@ _MEANINGS: dict[Kind, str] = {
     Kind.PERIOD_QUOTA: "an allowance for a period (hours, a day, a month) is spent — "
     "it returns{reset}; waiting minutes will not help",
     Kind.SPEND: "billing — a person must add credit; retrying will not help",
-    Kind.PERMISSION: "the key or account was refused — fix the credentials; "
-    "retrying will not help",
+    Kind.PERMISSION: "the key, account or project was refused, or has no quota at all "
+    "for this model (limit 0) — an operator must act; retrying will not help",
     Kind.INVALID: "the request itself cannot succeed (malformed or larger than its limit) — "
     "change it; retrying will not help",
     Kind.OVERLOAD: "the provider is overloaded — retry later{wait_later} or fall back",

@@ -1,7 +1,10 @@
 """Google Gemini API and Vertex AI: ``{"error": {"code", "message", "status", "details"}}``.
 
-``RESOURCE_EXHAUSTED`` (429) is read from its ``google.rpc.QuotaFailure``
-violations: a ``quotaId`` / ``quotaMetric`` naming a day window
+``RESOURCE_EXHAUSTED`` (429) whose limit is zero — a violation's
+``quotaValue: "0"``, an ``ErrorInfo`` ``quota_limit_value: "0"`` or "limit: 0"
+in the message — is ``permission``: the project has no quota for the model
+("no free tier"), and no wait helps.  Otherwise it is read from its
+``google.rpc.QuotaFailure`` violations: a ``quotaId`` / ``quotaMetric`` naming a day window
 (``GenerateRequestsPerDayPerProjectPerModel``) makes it a spent period —
 Gemini day quotas reset at midnight Pacific time, so ``reset_at`` is the next
 one — while per-minute violations are a temporary throttle whose minimum wait
@@ -19,6 +22,7 @@ from typing import Any
 from rateloop.classify._evidence import Evidence, Finding, error_object
 from rateloop.classify._phrases import period_of, without_google_sentence
 from rateloop.classify._rules import message_of, overloaded, throttle
+from rateloop.classify._standing import zero_quota
 from rateloop.classify._time import parse_duration
 from rateloop.signal import Dimension, Kind
 
@@ -91,7 +95,40 @@ def _dimension(text: str, *, per_day: bool) -> Dimension | None:
     return None
 
 
+def _is_zero(value: Any) -> bool:
+    """A quota value of zero: ``"0"`` or ``0`` (``"0.5"`` and ``false`` are not)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value == 0
+    return isinstance(value, str) and value.strip() in ("0", "0.0")
+
+
+def _zero_limit(
+    err: Mapping[str, Any], violations: list[Mapping[str, Any]], message: str
+) -> str | None:
+    """Evidence that the project's limit for this quota is zero: no allowance at all."""
+    if any(_is_zero(v.get("quotaValue")) for v in violations):
+        return "quotaValue 0"
+    for info in _details(err, "google.rpc.ErrorInfo"):
+        metadata = info.get("metadata")
+        if isinstance(metadata, Mapping) and _is_zero(metadata.get("quota_limit_value")):
+            return "quota_limit_value 0"
+    return zero_quota(message)
+
+
 def _exhausted(ev: Evidence, err: Mapping[str, Any], message: str) -> Finding:
+    raw = [
+        v
+        for failure in _details(err, "google.rpc.QuotaFailure")
+        for v in _violations(failure.get("violations"))
+        if isinstance(v, Mapping)
+    ]
+    zero = _zero_limit(err, raw, message)
+    if zero is not None:
+        # "limit: 0" / quotaValue 0: the model has no quota in this project (no free
+        # tier).  Its "Please retry in 10s" is never honoured: an operator must act.
+        return Finding(kind=Kind.PERMISSION, code="RESOURCE_EXHAUSTED", matched=zero)
     delay = None
     for info in _details(err, "google.rpc.RetryInfo"):
         value = info.get("retryDelay")

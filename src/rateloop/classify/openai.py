@@ -28,7 +28,10 @@ _PERMISSION_CODES = frozenset(
     {"invalid_api_key", "invalid_authentication", "account_deactivated",
      "organization_deactivated", "unsupported_country_region_territory"}
 )
-_INVALID_CODES = frozenset({"model_not_found", "context_length_exceeded", "invalid_prompt"})
+# content_filter (Azure): the prompt must change, whatever status a relay gives it.
+_INVALID_CODES = frozenset(
+    {"model_not_found", "context_length_exceeded", "invalid_prompt", "content_filter"}
+)
 
 
 def rule(ev: Evidence) -> Finding | None:

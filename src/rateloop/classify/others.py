@@ -10,7 +10,10 @@
 * **Mistral**: a 429 with ``x-ratelimitbysize-remaining-month: 0`` is a spent
   month.
 * **Groq**: status 498 is "Flex Tier Capacity Exceeded", an overload.
-* **OpenRouter** copies the upstream limit headers into
+* **OpenRouter**: ``error.metadata.limit_source`` ``openrouter_credits`` /
+  ``openrouter_key_limit`` is spend whatever the status (the key-cap 403
+  "Key limit exceeded" is read by :mod:`rateloop.classify._standing`).  It
+  copies the upstream limit headers into
   ``error.metadata.headers`` (``X-RateLimit-Reset`` in epoch milliseconds);
   :func:`nested_headers` lifts them out so the generic readers see them.
 * Cohere, Together, xAI and DeepSeek need no rule of their own: their bodies
@@ -29,7 +32,14 @@ from rateloop.classify._rules import message_of, throttle
 from rateloop.classify._time import parse_number, reset_value
 from rateloop.signal import Dimension, Kind
 
-__all__ = ["github_rule", "groq_rule", "mistral_rule", "nested_headers", "slack_rule"]
+__all__ = [
+    "github_rule",
+    "groq_rule",
+    "mistral_rule",
+    "nested_headers",
+    "openrouter_rule",
+    "slack_rule",
+]
 
 _SECONDARY = re.compile(r"secondary rate limit|abuse detection", re.IGNORECASE)
 _SLACK_THROTTLE = frozenset({"ratelimited", "rate_limited"})
@@ -99,6 +109,24 @@ def mistral_rule(ev: Evidence) -> Finding | None:
 def groq_rule(ev: Evidence) -> Finding | None:
     if ev.status == 498:
         return Finding(kind=Kind.OVERLOAD, code=error_code(ev), matched="498")
+    return None
+
+
+#: OpenRouter's ``error.metadata.limit_source`` on a 402: the account's balance or
+#: the key's own credit cap ran out (openrouter.ai/docs/api-reference/limits).
+_OPENROUTER_SPEND = frozenset({"openrouter_credits", "openrouter_key_limit"})
+
+
+def openrouter_rule(ev: Evidence) -> Finding | None:
+    """A refusal whose metadata names the credit limit that ran out: spend, whatever
+    the status a relay gives it."""
+    err = error_object(ev.data)
+    metadata = err.get("metadata") if err is not None else None
+    if not isinstance(metadata, Mapping):
+        return None
+    source = metadata.get("limit_source")
+    if isinstance(source, str) and source in _OPENROUTER_SPEND:
+        return Finding(kind=Kind.SPEND, code=error_code(ev), matched=source)
     return None
 
 
