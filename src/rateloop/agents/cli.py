@@ -258,12 +258,14 @@ def run_command(
         # run_attempt has already ended the agent's process group.
         name = label or (step_label(command) if command and command[0] else "the step")
         # After SIGHUP the terminal may be gone: the exit code must survive a failed write.
+        ended = (
+            "; the agent's process group was ended."
+            if stop.agent_ended
+            else " while waiting to run it again; no agent was running."
+        )
         with contextlib.suppress(OSError, ValueError):
             typer.echo(
-                redact(
-                    f"Error: {name} stopped: rateloop run received {stop.name};"
-                    " the agent's process group was ended."
-                ),
+                redact(f"Error: {name} stopped: rateloop run received {stop.name}{ended}"),
                 err=True,
             )
         raise typer.Exit(stop.exit_code) from None
