@@ -14,11 +14,12 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
 
-from agent_scripts.harness import install_agent
+from agent_scripts.harness import cli_env, install_agent, rateloop_run
 from rateloop.agents import StepFailure, exit_code_for, run_step
 from rateloop.agents.banner import exhausted_message
 from rateloop.agents.headless import claude_auto_continue
@@ -309,3 +310,28 @@ def test_an_overload_that_persists_is_reported_as_one(tmp_path: Path) -> None:
                        env=agent.env, stderr=err)
     assert outcome.status is Status.FAILED_RETRY_EXHAUSTED and agent.runs == 2
     assert "Error: claude stayed overloaded after 1 retry (2 attempts total)." in err.getvalue()
+
+
+def test_run_json_says_which_allowance_ran_out_and_when_it_returns(tmp_path: Path) -> None:
+    agent = install_agent(tmp_path, "claude", [{"stdout": SESSION_LIMIT, "exit": 0}], flat=True)
+    done = rateloop_run(["--json", "--", str(agent.path), "-p", "x"], cli_env(agent.env))
+    assert done.returncode == 75 and done.stdout == ""
+    summary = json.loads(done.stderr.splitlines()[-1])
+    assert summary["status"] == "waiting_for_reset" and summary["exit_code"] == 75
+    assert summary["kind"] == "period_quota"
+    assert summary["allowance"] == "session (5-hour)"
+    reset = datetime.fromisoformat(summary["reset_at"])
+    assert reset.astimezone(ZoneInfo("Europe/Berlin")).hour == 9  # "resets 9am (Europe/Berlin)"
+    assert summary["resumed_by"] is None and summary["agent_retries"] == 0
+
+
+def test_run_json_never_invents_a_reset(tmp_path: Path) -> None:
+    agent = install_agent(tmp_path, "copilot", [{"stderr": "429 Too Many Requests\n", "exit": 1}],
+                          flat=True)
+    done = rateloop_run(["--json", "--max-retries", "0", "--", str(agent.path)],
+                        cli_env(agent.env))
+    assert done.returncode == 75
+    summary = json.loads(done.stderr.splitlines()[-1])
+    assert summary["status"] == "failed_retry_exhausted" and summary["kind"] == "temporary"
+    assert summary["allowance"] is None and summary["reset_at"] is None
+    assert summary["attempts"] == 1

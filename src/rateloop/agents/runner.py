@@ -17,7 +17,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import IO, TextIO
 
@@ -42,6 +41,7 @@ from rateloop.agents.command import (
 )
 from rateloop.agents.headless import agent_env, claude_auto_continue
 from rateloop.agents.process import run_attempt
+from rateloop.agents.reading import read_attempt
 from rateloop.agents.settings import AgentSettings
 from rateloop.agents.step import (
     AttemptPlan,
@@ -53,19 +53,10 @@ from rateloop.agents.step import (
     StepOutput,
     WaitForReset,
 )
-from rateloop.classify import classify_text
-from rateloop.classify.agent_results import (
-    AgentResult,
-    agent_retries_of,
-    allowance_of,
-    auto_resume_of,
-    classify_agent_result,
-    read_agent_result,
-)
 from rateloop.outcome.events import CapacityEvent, DecisionKind, EventSink, signal_fields
 from rateloop.outcome.record import AttemptLedger, Outcome
 from rateloop.route import Route
-from rateloop.signal import Kind, LimitSignal
+from rateloop.signal import LimitSignal
 
 __all__ = ["CLASSIFY_TAIL_BYTES", "exit_code_for", "run_step"]
 
@@ -168,7 +159,9 @@ def run_step(
                 input=input,
                 kill_grace=kill_grace,
             )
-            report, signal = _read(report, output, clock, codex=agent is Agent.CODEX)
+            report, signal = read_attempt(
+                report, output, now=clock.now(), codex=agent is Agent.CODEX
+            )
             decision = loop.decide(plan, report, signal, now=clock.now())
             if isinstance(decision, Retry):
                 events.emit(DecisionKind.WAIT, plan, signal=signal, wait=decision.wait)
@@ -365,55 +358,6 @@ def _read_codex_message(path: Path, limit: int) -> tuple[StepOutput | None, str 
     if not text.strip():
         return None, "codex's final message is empty"
     return StepOutput(data), None
-
-
-#: The kinds whose allowance is worth naming: a limit on the account, not a failure.
-_LIMIT_KINDS = frozenset({Kind.TEMPORARY, Kind.PERIOD_QUOTA, Kind.SPEND})
-
-
-def _result_of(report: AttemptReport, *, codex: bool) -> AgentResult | None:
-    """The agent's own machine-readable result, when its stdout holds one."""
-    stdout = report.stdout_tail
-    if report.exit_code == 0 and not codex and report.result is not None:
-        stdout = report.result  # all of it: one JSON document may be longer than the tail
-    return read_agent_result(stdout, report.stderr_tail)
-
-
-def _read(
-    report: AttemptReport, output: str, clock: Clock, *, codex: bool
-) -> tuple[AttemptReport, LimitSignal | None]:
-    """What the attempt said: its own result first, then its text; the report completed.
-
-    A timeout or a failed start is not read.  An exit 0 is a success unless
-    the agent's own result says it failed (headless agents report a limit
-    inside a result and still exit 0).
-    """
-    if report.timed_out or report.start_error is not None:
-        return report, None
-    result = _result_of(report, codex=codex)
-    failed = result is not None and result.failed
-    if report.exit_code == 0 and not failed:
-        return report, None
-    signal = None
-    if result is not None and failed:
-        signal = classify_agent_result(result, now=clock.now())
-    if signal is None or (signal.kind is Kind.UNKNOWN and report.exit_code != 0):
-        signal = classify_text(output, exit_code=report.exit_code or 1, now=clock.now())
-    said = result.text if result is not None and result.texts else output
-    allowance = None
-    if signal.kind in _LIMIT_KINDS:
-        allowance = allowance_of(said, result.limit_type if result is not None else None)
-    report = replace(
-        report,
-        agent_failed=failed,
-        refusal=result.texts if result is not None and failed else (),
-        allowance=allowance,
-        agent_retries=max(
-            result.agent_retries if result is not None else 0, agent_retries_of(output)
-        ),
-        auto_resume=(result is not None and result.auto_resume) or auto_resume_of(output),
-    )
-    return report, signal
 
 
 # -- the end -----------------------------------------------------------------------------------
