@@ -18,6 +18,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_scripts.harness import cli_env, install_agent, rateloop_run
 from rateloop.agents import StepFailure, exit_code_for, run_step
@@ -130,6 +132,8 @@ def test_what_is_not_a_known_result_is_none(stdout: str) -> None:
 def test_the_agents_own_retries_and_auto_resume_are_read() -> None:
     assert agent_retries_of(RETRY_429) == 10
     assert agent_retries_of("429 Too Many Requests") == 0
+    # Gemini CLI's logRetryAttempt (google-gemini/gemini-cli packages/core/src/utils/retry.ts).
+    assert agent_retries_of("Attempt 4 failed with status 429. Retrying with backoff...") == 4
     assert auto_resume_of(f"You've hit your session limit · resets 9am\n{AUTO_CONTINUE}")
     assert not auto_resume_of(
         f"{AUTO_CONTINUE}\nthe usage limit now resets more than 24 hours out, so this task will"
@@ -335,3 +339,17 @@ def test_run_json_never_invents_a_reset(tmp_path: Path) -> None:
     assert summary["status"] == "failed_retry_exhausted" and summary["kind"] == "temporary"
     assert summary["allowance"] is None and summary["reset_at"] is None
     assert summary["attempts"] == 1
+
+
+@given(st.text(max_size=400) | st.lists(st.dictionaries(
+    st.sampled_from(["type", "subtype", "is_error", "result", "error", "message",
+                     "rate_limit_info", "api_error_status", "attempt", "response"]),
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.dictionaries(st.sampled_from(["status", "rateLimitType", "resetsAt", "message"]),
+                      st.none() | st.integers() | st.floats() | st.text(max_size=10)),
+    max_size=5), max_size=4).map(lambda events: "\n".join(json.dumps(e) for e in events)))
+def test_any_output_is_read_without_raising(stdout: str) -> None:
+    result = read_agent_result(stdout, stdout)
+    if result is not None:
+        signal = classify_agent_result(result, now=NOW)
+        assert signal.reset_at is None or signal.reset_at.tzinfo is not None

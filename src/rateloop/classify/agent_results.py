@@ -79,8 +79,13 @@ _AUTO_RESUME = re.compile(
 #: ... and when it will not, although the setting is on.
 _NO_AUTO_RESUME = re.compile(r"will not resume on its own")
 
-# Claude Code's "Retrying in 5 seconds… (attempt 3/10)" lines: its own retries.
-_RETRY_LINE = re.compile(r"retrying in [^\n]{0,40}?\(attempt (\d{1,3})/\d{1,3}\)")
+# The agents' own retry lines: Claude Code's "Retrying in 5 seconds… (attempt 3/10)";
+# Gemini CLI's "Attempt 3 failed with status 429. Retrying with backoff..." and "Attempt 3
+# failed: <message>. Retrying after 5000ms..." (packages/core/src/utils/retry.ts).
+_RETRY_LINE = re.compile(
+    r"retrying in [^\n]{0,40}?\(attempt (\d{1,3})/\d{1,3}\)"
+    r"|attempt (\d{1,3}) failed[^\n]{0,300}?\. retrying (?:with backoff|after)"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,7 +214,7 @@ def _claude(events: list[dict[str, Any]], whole: bool) -> AgentResult | None:
 
 
 def _codex(events: list[dict[str, Any]]) -> AgentResult | None:
-    types = {e.get("type") for e in events}
+    types = {kind for e in events if isinstance(kind := e.get("type"), str)}
     if not types & {"thread.started", "turn.started", "turn.completed", "turn.failed", "error"}:
         return None
     texts: list[str] = []
@@ -246,7 +251,7 @@ def _gemini(event: dict[str, Any]) -> AgentResult | None:
 
 
 def _retry_lines(low: str) -> int:
-    return max((int(m.group(1)) for m in _RETRY_LINE.finditer(low)), default=0)
+    return max((int(m.group(1) or m.group(2)) for m in _RETRY_LINE.finditer(low)), default=0)
 
 
 def read_agent_result(stdout: str, stderr: str = "") -> AgentResult | None:
