@@ -132,6 +132,14 @@ def test_what_is_not_a_known_result_is_none(stdout: str) -> None:
 def test_the_agents_own_retries_and_auto_resume_are_read() -> None:
     assert agent_retries_of(RETRY_429) == 10
     assert agent_retries_of("429 Too Many Requests") == 0
+    # Claude Code's stream-json retry notice, as measured from claude 2.1.241 (a public
+    # source comment found with find_string, id 58292258493).
+    retry = ('{"type":"system","subtype":"api_retry","attempt":1,"max_retries":10,'
+             '"retry_delay_ms":600,"error_status":529,"error":"overloaded"}\n')
+    end = ('{"type":"result","subtype":"success","is_error":true,"terminal_reason":"api_error",'
+           '"api_error_status":403,"num_turns":484,"duration_ms":1505}\n')  # #79500's result
+    result = read_agent_result(retry * 3 + retry.replace('"attempt":1', '"attempt":4') + end)
+    assert result is not None and result.failed and result.agent_retries == 4
     # Gemini CLI's logRetryAttempt (google-gemini/gemini-cli packages/core/src/utils/retry.ts).
     assert agent_retries_of("Attempt 4 failed with status 429. Retrying with backoff...") == 4
     assert auto_resume_of(f"You've hit your session limit · resets 9am\n{AUTO_CONTINUE}")

@@ -15,15 +15,18 @@ from the output, and :meth:`StepLoop.decide` answers with a value:
   the exit code for the command line and, for failures, the message to print.
 
 The rules, in order: a timeout ends the step (exit 124, never retried);
-exit 0 always succeeds (``degraded`` when it ran on the ``auto`` fallback),
-unless the result is unusable (exit 65); a period quota ends the step
-without a short retry (exit 75, ``waiting_for_reset``) — unless
+exit 0 succeeds (``degraded`` when it ran on the ``auto`` fallback) unless
+the agent's own result says it failed (then it is read like a failed
+attempt) or the result is unusable (exit 65); a period quota ends the step
+without a short retry (exit 75, ``waiting_for_reset``) — unless the agent
+said it continues by itself (then nobody else resumes it), or
 ``wait_for_reset`` is set, the reset time is known and within it, and the
 step has not waited for a reset yet: then it waits for the reset (plus
 :data:`RESET_MARGIN_SECS`) and runs once more, an extra execution that spends
 no retry; a rate-limit signal
 (:data:`RETRIED_KINDS`) is retried after ``min(base·2^(n−1), max)`` seconds
-until ``1 + max_retries`` executions are spent (then exit 75); every other
+until ``1 + max_retries`` requests are spent — executions plus the retries
+the agent made by itself — (then exit 75); every other
 failure ends the step at once with the child's exit code.
 """
 
