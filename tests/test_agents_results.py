@@ -361,3 +361,22 @@ def test_any_output_is_read_without_raising(stdout: str) -> None:
     if result is not None:
         signal = classify_agent_result(result, now=NOW)
         assert signal.reset_at is None or signal.reset_at.tzinfo is not None
+
+
+def test_codex_exit_0_with_turn_failed_is_the_limit_not_an_unusable_result(
+    tmp_path: Path,
+) -> None:
+    # codex exec can print error and turn.failed events and still exit 0
+    # (https://github.com/wzj998/ChatCCC/pull/363); it then writes no final message.
+    events = [{"type": "thread.started", "thread_id": "<redacted>"}, {"type": "turn.started"},
+              {"type": "error", "message": CODEX_LIMIT},
+              {"type": "turn.failed", "error": {"message": CODEX_LIMIT}}]
+    stdout = "".join(json.dumps(e) + "\n" for e in events)
+    agent = install_agent(tmp_path, "codex", [{"stdout": stdout, "stderr": CODEX_STDIN,
+                                                "exit": 0}])
+    outcome = run_step([str(agent.path), "exec", "--json", "x"], settings=_settings(),
+                       env=agent.env, stderr=io.StringIO(), clock=FakeClock(NOW))
+    assert outcome.status is Status.WAITING_FOR_RESET and exit_code_for(outcome) == 75
+    reset = outcome.retry_at
+    assert reset is not None  # "try again at 3:28 PM", in this machine's zone
+    assert (reset.astimezone().hour, reset.astimezone().minute) == (15, 28)
