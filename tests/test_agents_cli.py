@@ -150,7 +150,8 @@ def test_environment_knobs_end_to_end(
     done = rateloop_run(["--", str(path)], env)
     assert done.returncode == 75
     assert _runs(tmp_path) == runs
-    assert f"({runs} attempts total)" in done.stderr
+    # "1 attempt", never "1 attempts".
+    assert f"({runs} attempt{'s' if runs != 1 else ''} total)" in done.stderr
 
 
 

@@ -100,7 +100,7 @@ def test_wrapper_label_and_agent_come_from_the_first_argument(install: Install) 
         stderr=err,
     )
     assert exit_code_for(outcome) == 75
-    assert "Error: amplihack copilot rate limit persisted after 1 retries" in err.getvalue()
+    assert "Error: amplihack copilot rate limit persisted after 1 retry (2" in err.getvalue()
     assert wrapper.calls() == [["copilot", "-p", "x"], ["copilot", "-p", "x", "--model", "auto"]]
 
 

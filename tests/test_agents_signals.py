@@ -133,6 +133,12 @@ def test_a_signal_during_the_backoff_wait_exits_at_once(tmp_path: Path) -> None:
             proc.communicate()
     assert proc.returncode == 143
     assert "received SIGTERM" in err
+    # No agent ran during the wait: nothing was "ended", and the message must not say so.
+    assert "process group was ended" not in err
+    assert err.endswith(
+        "Error: claude stopped: rateloop run received SIGTERM while waiting to run it again;"
+        " no agent was running.\n"
+    )
     assert _lines(tmp_path / "count") == ["1"]  # no second run
 
 

@@ -53,6 +53,7 @@ def rate_limit_banner(
     attempt: int,
     total: int,
     kind: Kind = Kind.TEMPORARY,
+    allowance: str | None = None,
 ) -> str:
     """The banner printed before every wait (``retry`` counts from 1, ``attempt`` is the next run).
 
@@ -73,38 +74,77 @@ def rate_limit_banner(
     else:
         headline = f'⏳ RATE LIMIT detected (signal: "{signal}")'
         why = "   Agent step throttled by the provider. This is transient — backing off."
-    return "\n".join(
-        (
-            RULE,
-            headline,
-            why,
-            f"   Waiting {format_seconds(wait)}s before retry {retry}/{max_retries}"
-            f" (attempt {attempt} of {total}) ...",
-            RULE,
-        )
-    )
+    lines = [RULE, headline, why]
+    if allowance:
+        lines.append(f"   The allowance that ran out: {allowance}.")
+    lines += [
+        f"   Waiting {format_seconds(wait)}s before retry {retry}/{max_retries}"
+        f" (attempt {attempt} of {total}) ...",
+        RULE,
+    ]
+    return "\n".join(lines)
 
 
-def exhausted_message(label: str, retries: int, *, attempts: int | None = None) -> str:
-    """The error printed when the rate limit outlasted every retry (exit 75).
+def _count(n: int, word: str) -> str:
+    """``1 retry``, ``2 retries``, ``0 retries``."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
+
+
+def exhausted_message(
+    label: str,
+    retries: int,
+    *,
+    attempts: int | None = None,
+    kind: Kind = Kind.TEMPORARY,
+    agent_retries: int = 0,
+) -> str:
+    """The error printed when the limit outlasted every retry (exit 75).
 
     ``attempts`` is ``retries + 1`` unless the step also ran once after a
-    usage limit's reset (``--wait-for-reset``).
+    usage limit's reset (``--wait-for-reset``).  ``kind`` is what was read
+    last: an overloaded provider is named as such, not as a rate limit.
+    ``agent_retries`` are the retries the agent made by itself, which spent
+    the same budget.
+
+    >>> print(exhausted_message("claude", 0))  # doctest: +ELLIPSIS
+    Error: claude rate limit persisted after 0 retries (1 attempt total).
+    The provider kept throttling this step. ...
     """
     total = retries + 1 if attempts is None else attempts
+    runs = f"{_count(retries, 'retry')} ({_count(total, 'attempt')} total"
+    if agent_retries:
+        runs += f", and {_count(agent_retries, 'retry')} by {label} itself"
+    runs += ")"
+    if kind is Kind.OVERLOAD:
+        head = f"Error: {label} stayed overloaded after {runs}."
+        why = "The provider stayed over capacity (not your limit)."
+    else:
+        head = f"Error: {label} rate limit persisted after {runs}."
+        why = "The provider kept throttling this step."
     return (
-        f"Error: {label} rate limit persisted after {retries} retries"
-        f" ({total} attempts total).\n"
-        "The provider kept throttling this step. Increase RATELOOP_MAX_RETRIES\n"
+        f"{head}\n{why} Increase RATELOOP_MAX_RETRIES\n"
         "or RATELOOP_BASE_DELAY_SECS, or retry later."
     )
 
 
 def period_quota_message(
-    label: str, *, signal: str, reset_at: datetime | None, now: datetime
+    label: str,
+    *,
+    signal: str,
+    reset_at: datetime | None,
+    now: datetime,
+    allowance: str | None = None,
 ) -> str:
-    """The error printed for a usage/quota window that will not reopen soon (exit 75)."""
+    """The error printed for a usage/quota window that will not reopen soon (exit 75).
+
+    ``allowance`` (which allowance ran out, as the agent named it) is named
+    when known; the reset is only ever the one the agent or provider stated.
+    """
     head = f'Error: {label} hit a usage limit (signal: "{signal}"); not retrying in this run.'
+    if allowance:
+        head += f"\nThe allowance that ran out: {allowance}."
     if reset_at is None:
         return f"{head}\nThe provider did not say when it resets; retry later."
     left = max(0.0, (reset_at - now).total_seconds())
@@ -164,7 +204,14 @@ def wait_visibly(clock: Clock, seconds: float, stream: TextIO) -> None:
 
 
 def reset_banner(
-    *, label: str, signal: str, reset_at: datetime, now: datetime, limit: float
+    *,
+    label: str,
+    signal: str,
+    reset_at: datetime,
+    now: datetime,
+    limit: float,
+    allowance: str | None = None,
+    note: str | None = None,
 ) -> str:
     """The banner printed before waiting for a usage limit's reset (``--wait-for-reset``).
 
@@ -179,17 +226,21 @@ def reset_banner(
     ====...
     """
     left = max(0.0, (reset_at - now).total_seconds())
-    return "\n".join(
-        (
-            RULE,
-            f'⏳ USAGE LIMIT reached (signal: "{signal}")',
-            f"   The limit resets at {reset_at.isoformat(timespec='seconds')}"
-            f" (in {human_duration(left)}).",
-            f"   Waiting for the reset (--wait-for-reset, up to {human_duration(limit)}),"
-            f" then running {label} once more ...",
-            RULE,
-        )
+    lines = [RULE, f'⏳ USAGE LIMIT reached (signal: "{signal}")']
+    if allowance:
+        lines.append(f"   The allowance that ran out: {allowance}.")
+    lines.append(
+        f"   The limit resets at {reset_at.isoformat(timespec='seconds')}"
+        f" (in {human_duration(left)})."
     )
+    if note:
+        lines.append(f"   {note}")
+    lines += [
+        f"   Waiting for the reset (--wait-for-reset, up to {human_duration(limit)}),"
+        f" then running {label} once more ...",
+        RULE,
+    ]
+    return "\n".join(lines)
 
 
 def clock_duration(seconds: float) -> str:

@@ -9,6 +9,7 @@ outcome (0, the child's own code, 65, 75 or 124; see ``docs/agents.md``).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
@@ -202,6 +203,14 @@ def run_command(
             help="Read this command's stdin once and feed it to every attempt (default: empty).",
         ),
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="End with one JSON line on stderr: status, kind, the allowance that ran out"
+            " and its reset as the agent stated them.",
+        ),
+    ] = False,
 ) -> None:
     for name, value in (
         ("--timeout", timeout),
@@ -258,12 +267,14 @@ def run_command(
         # run_attempt has already ended the agent's process group.
         name = label or (step_label(command) if command and command[0] else "the step")
         # After SIGHUP the terminal may be gone: the exit code must survive a failed write.
+        ended = (
+            "; the agent's process group was ended."
+            if stop.agent_ended
+            else " while waiting to run it again; no agent was running."
+        )
         with contextlib.suppress(OSError, ValueError):
             typer.echo(
-                redact(
-                    f"Error: {name} stopped: rateloop run received {stop.name};"
-                    " the agent's process group was ended."
-                ),
+                redact(f"Error: {name} stopped: rateloop run received {stop.name}{ended}"),
                 err=True,
             )
         raise typer.Exit(stop.exit_code) from None
@@ -277,6 +288,11 @@ def run_command(
         ))
     if outcome.ok and isinstance(outcome.value, str):
         _print_result(outcome.value)
+    if as_json:
+        from rateloop.agents.summary import step_summary
+
+        with contextlib.suppress(OSError, ValueError):
+            typer.echo(redact(json.dumps(step_summary(outcome))), err=True)
     raise typer.Exit(exit_code_for(outcome))
 
 

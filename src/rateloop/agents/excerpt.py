@@ -78,15 +78,35 @@ def _last_lines(text: str, count: int) -> tuple[str, ...]:
     return tuple(reversed(kept))
 
 
-def excerpt_of(*, stderr: str, stdout: str, lines: int = EXCERPT_LINES) -> OutputExcerpt | None:
-    """The excerpt of stderr, or of stdout when stderr has no visible line; None if neither has.
+def excerpt_of(
+    *,
+    stderr: str,
+    stdout: str,
+    lines: int = EXCERPT_LINES,
+    refusal: tuple[str, ...] = (),
+    needle: str | None = None,
+) -> OutputExcerpt | None:
+    """The lines that carry the refusal, whichever stream they are on; None if none shows.
+
+    ``refusal`` are the refusal texts read from the agent's own result
+    (``codex exec --json`` writes its error on stdout, and stderr holds only
+    "Reading additional input from stdin..."): they are shown first.  Else
+    the stream whose text contains ``needle`` (the evidence the signal was
+    read from), else stderr, else stdout when stderr has no visible line.
 
     >>> excerpt_of(stderr="", stdout="Invalid API key · Please run /login\\n")
     OutputExcerpt(source='stdout', lines=('Invalid API key · Please run /login',))
     >>> excerpt_of(stderr="\\x1b[31mboom\\x1b[0m\\n", stdout="ignored").lines
     ('boom',)
     """
-    for source, text in (("stderr", stderr), ("stdout", stdout)):
+    if refusal:
+        kept = _last_lines("\n".join(refusal), lines)
+        if kept:
+            return OutputExcerpt(source="result", lines=kept)
+    streams = [("stderr", stderr), ("stdout", stdout)]
+    if needle and needle.lower() not in stderr.lower() and needle.lower() in stdout.lower():
+        streams.reverse()
+    for source, text in streams:
         kept = _last_lines(text, lines)
         if kept:
             return OutputExcerpt(source=source, lines=kept)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import IO, TextIO
 
 from rateloop._clock import system_clock
-from rateloop.agents.signals import hold_stop_signals
+from rateloop.agents.signals import StepInterrupted, hold_stop_signals
 
 __all__ = ["STDERR_TAIL_BYTES", "ProcessResult", "run_attempt"]
 
@@ -304,6 +304,9 @@ def run_attempt(
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
+            except StepInterrupted as stop:
+                stop.agent_ended = True  # the finally below ends the group before it propagates
+                raise
             finally:
                 # However the attempt ended (exited, timed out, interrupted), nothing it
                 # started outlives it, and no grandchild keeps the stderr pipe open.

@@ -39,7 +39,9 @@ from rateloop.agents.command import (
     with_model,
     without_option,
 )
+from rateloop.agents.headless import agent_env, claude_auto_continue
 from rateloop.agents.process import run_attempt
+from rateloop.agents.reading import read_attempt
 from rateloop.agents.settings import AgentSettings
 from rateloop.agents.step import (
     AttemptPlan,
@@ -51,7 +53,6 @@ from rateloop.agents.step import (
     StepOutput,
     WaitForReset,
 )
-from rateloop.classify import classify_text
 from rateloop.outcome.events import CapacityEvent, DecisionKind, EventSink, signal_fields
 from rateloop.outcome.record import AttemptLedger, Outcome
 from rateloop.route import Route
@@ -126,7 +127,9 @@ def run_step(
         label=label or step_label(command),
         model=model,
         wait_for_reset=wait_for_reset,
+        agent_auto_resume=agent is Agent.CLAUDE and claude_auto_continue(env, cwd),
     )
+    env = agent_env(agent, env)
     user_codex_path: str | None = None
     if agent is Agent.CODEX:
         args, user_codex_path = without_option(command[1:], CODEX_OUTPUT_FLAG)
@@ -156,7 +159,9 @@ def run_step(
                 input=input,
                 kill_grace=kill_grace,
             )
-            signal = _classify(report, output, clock)
+            report, signal = read_attempt(
+                report, output, now=clock.now(), codex=agent is Agent.CODEX
+            )
             decision = loop.decide(plan, report, signal, now=clock.now())
             if isinstance(decision, Retry):
                 events.emit(DecisionKind.WAIT, plan, signal=signal, wait=decision.wait)
@@ -168,8 +173,9 @@ def run_step(
                         retry=decision.retry,
                         max_retries=settings.max_retries,
                         attempt=plan.number + 1,
-                        total=plan.total,
+                        total=loop.plan(plan.number + 1).total,
                         kind=decision.signal.kind,
+                        allowance=report.allowance,
                     ),
                 )
                 wait_visibly(clock, decision.wait, stream)
@@ -192,6 +198,8 @@ def run_step(
                         reset_at=decision.reset_at,
                         now=clock.now(),
                         limit=decision.limit,
+                        allowance=decision.allowance,
+                        note=decision.note,
                     ),
                 )
                 wait_until(clock, decision.until, stream)
@@ -350,13 +358,6 @@ def _read_codex_message(path: Path, limit: int) -> tuple[StepOutput | None, str 
     if not text.strip():
         return None, "codex's final message is empty"
     return StepOutput(data), None
-
-
-def _classify(report: AttemptReport, output: str, clock: Clock) -> LimitSignal | None:
-    """Classify a failed attempt's output; a success, timeout or failed start is not classified."""
-    if report.exit_code == 0 or report.timed_out or report.start_error is not None:
-        return None
-    return classify_text(output, exit_code=report.exit_code, now=clock.now())
 
 
 # -- the end -----------------------------------------------------------------------------------

@@ -45,6 +45,9 @@ class StepInterrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        #: Whether an agent was running and its process group was ended; False when
+        #: the signal came during a backoff or reset wait (set by the attempt's runner).
+        self.agent_ended = False
 
     @property
     def name(self) -> str:

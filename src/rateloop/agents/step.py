@@ -15,15 +15,18 @@ from the output, and :meth:`StepLoop.decide` answers with a value:
   the exit code for the command line and, for failures, the message to print.
 
 The rules, in order: a timeout ends the step (exit 124, never retried);
-exit 0 always succeeds (``degraded`` when it ran on the ``auto`` fallback),
-unless the result is unusable (exit 65); a period quota ends the step
-without a short retry (exit 75, ``waiting_for_reset``) — unless
+exit 0 succeeds (``degraded`` when it ran on the ``auto`` fallback) unless
+the agent's own result says it failed (then it is read like a failed
+attempt) or the result is unusable (exit 65); a period quota ends the step
+without a short retry (exit 75, ``waiting_for_reset``) — unless the agent
+said it continues by itself (then nobody else resumes it), or
 ``wait_for_reset`` is set, the reset time is known and within it, and the
 step has not waited for a reset yet: then it waits for the reset (plus
 :data:`RESET_MARGIN_SECS`) and runs once more, an extra execution that spends
 no retry; a rate-limit signal
 (:data:`RETRIED_KINDS`) is retried after ``min(base·2^(n−1), max)`` seconds
-until ``1 + max_retries`` executions are spent (then exit 75); every other
+until ``1 + max_retries`` requests are spent — executions plus the retries
+the agent made by itself — (then exit 75); every other
 failure ends the step at once with the child's exit code.
 """
 
@@ -129,6 +132,13 @@ class AttemptReport:
     ``start_error`` is set when the command could not be started at all.
     ``stdout_tail`` and ``stderr_tail`` are the ends of the attempt's own
     output (decoded), shown when the step fails.
+
+    What the agent said in its own result or output: ``agent_failed`` (its
+    machine-readable result says it failed, whatever its exit code),
+    ``refusal`` (the lines that carry the refusal, from whichever stream),
+    ``allowance`` (which allowance ran out, as it named it),
+    ``agent_retries`` (the retries it made by itself before it gave up) and
+    ``auto_resume`` (it said it continues by itself at the reset).
     """
 
     exit_code: int
@@ -139,6 +149,16 @@ class AttemptReport:
     start_error: str | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
+    agent_failed: bool = False
+    refusal: tuple[str, ...] = ()
+    allowance: str | None = None
+    agent_retries: int = 0
+    auto_resume: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        """Exit 0 and no failure in the agent's own result."""
+        return self.exit_code == 0 and not self.agent_failed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +174,10 @@ class Retry:
 class WaitForReset:
     """Wait until ``until`` (the reset time plus a margin, about ``wait`` seconds), then run again.
 
-    ``limit`` is the ``--wait-for-reset`` bound the wait fell within.
+    ``limit`` is the ``--wait-for-reset`` bound the wait fell within;
+    ``allowance`` the allowance that ran out, as the agent named it;
+    ``note`` says why rateloop run, not the agent, resumes the step when the
+    agent's own auto-continue setting is on.
     """
 
     until: datetime
@@ -162,6 +185,8 @@ class WaitForReset:
     reset_at: datetime
     limit: float
     signal: LimitSignal
+    allowance: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,7 +198,12 @@ class StepFailure:
     or never started).  ``message`` is the error printed on stderr.
     ``excerpt`` is the end of the failed attempt's own output (cleaned and
     redacted), printed under a dim header before the message; None when the
-    attempt printed nothing, timed out or never started.
+    attempt printed nothing, timed out or never started.  ``allowance`` is
+    which allowance ran out (``weekly``, ``session (5-hour)``, ``monthly
+    spend``, ``credits``, ...) as the agent named it, None when it did not;
+    ``agent_retries`` the retries the agents made by themselves over the
+    step; ``resumed_by`` who resumes a usage-limited step (``agent``: it said
+    it continues by itself; ``rateloop run``; None: nobody in this run).
     """
 
     exit_code: int
@@ -181,6 +211,9 @@ class StepFailure:
     child_exit_code: int | None = None
     timed_out: bool = False
     excerpt: OutputExcerpt | None = None
+    allowance: str | None = None
+    agent_retries: int = 0
+    resumed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,10 +236,17 @@ def _signal_text(signal: LimitSignal) -> str:
 class StepLoop:
     """The retry rules of one CLI agent step: a state machine without I/O (see the module doc).
 
-    Its only state is whether the step has waited for a usage limit's reset yet.
+    Its state: whether the step has waited for a usage limit's reset yet, and
+    how many retries the agent made by itself (they spend the step's budget:
+    ``1 + max_retries`` requests, whichever layer makes them).
+    ``agent_auto_resume`` is whether the agent's own setting makes it continue
+    by itself at a usage limit (Claude Code's ``autoContinueAtUsageLimit``).
     """
 
-    __slots__ = ("_backoff", "_resumed_at", "agent", "label", "model", "settings", "wait_for_reset")
+    __slots__ = (
+        "_agent_retries", "_backoff", "_resumed_at", "agent", "agent_auto_resume", "label",
+        "model", "settings", "wait_for_reset",
+    )
 
     def __init__(
         self,
@@ -216,8 +256,11 @@ class StepLoop:
         label: str,
         model: str | None = None,
         wait_for_reset: float | None = None,
+        agent_auto_resume: bool = False,
     ) -> None:
         self.settings = settings
+        self.agent_auto_resume = agent_auto_resume
+        self._agent_retries = 0
         self.agent = agent
         self.label = label
         self.model = model
@@ -245,7 +288,7 @@ class StepLoop:
         The run after a usage limit's reset is an extra execution, and keeps
         the requested model.
         """
-        total = self.settings.max_executions + (self._resumed_at is not None)
+        total = self._total(number)
         fallback = (
             self.settings.fallback_auto_model
             and self.agent.accepts_auto_model
@@ -256,11 +299,17 @@ class StepLoop:
         model = AUTO_MODEL if fallback else self.model
         return AttemptPlan(number=number, total=total, model=model, fallback=fallback)
 
+    def _total(self, number: int) -> int:
+        """The executions this step may make: its budget less the agent's own retries."""
+        budget = self.settings.max_executions + (self._resumed_at is not None)
+        return max(number, budget - self._agent_retries)
+
     def decide(
         self, plan: AttemptPlan, report: AttemptReport, signal: LimitSignal | None, *, now: datetime
     ) -> Retry | WaitForReset | Finish:
         """What to do after attempt ``plan.number`` ended as ``report`` (see the module doc)."""
         label = self.label
+        self._agent_retries += max(0, report.agent_retries)
         if report.start_error is not None:
             message = f"Error: {label} could not be started: {report.start_error}"
             return self._fail(Status.NEEDS_OPERATOR, report.exit_code, message, report)
@@ -271,7 +320,7 @@ class StepLoop:
                 f" {plan.total}; its process group was killed. A timeout is not retried."
             )
             return self._fail(Status.NEEDS_OPERATOR, EXIT_TIMEOUT, message, report)
-        if report.exit_code == 0:
+        if report.succeeded:
             if report.result_error is not None:
                 message = (
                     f"Error: {label} exited 0 but its result is unusable: {report.result_error}"
@@ -293,21 +342,36 @@ class StepLoop:
                 status=Status.COMPLETED, reason="completed", exit_code=0, value=report.result
             )
         if signal is not None and signal.kind is Kind.PERIOD_QUOTA:
-            wait = self._reset_wait(plan, signal, now)
-            if isinstance(wait, WaitForReset):
-                return wait
+            resumed_by: str | None = None
+            if report.auto_resume:
+                # The agent said it continues by itself: running it again would do the work twice.
+                wait: WaitForReset | str = (
+                    f"{label} said it will continue by itself when the limit resets;"
+                    " rateloop run will not run it again."
+                )
+                resumed_by = "agent"
+            else:
+                wait = self._reset_wait(plan, signal, now, report.allowance)
+                if isinstance(wait, WaitForReset):
+                    return wait
             message = period_quota_message(
-                label, signal=_signal_text(signal), reset_at=signal.reset_at, now=now
+                label, signal=_signal_text(signal), reset_at=signal.reset_at, now=now,
+                allowance=report.allowance,
             )
-            if wait:
+            if isinstance(wait, str) and wait:
                 message += "\n" + wait
             return self._fail(
-                Status.WAITING_FOR_RESET, EXIT_TEMPFAIL, message, report, signal=signal
+                Status.WAITING_FOR_RESET, EXIT_TEMPFAIL, message, report, signal=signal,
+                resumed_by=resumed_by,
             )
         if signal is not None and signal.kind in RETRIED_KINDS:
-            if plan.number >= plan.total:
+            total = self._total(plan.number)
+            if plan.number >= total:
+                # The run after a reset wait is an extra execution, not a retry.
+                extra = int(self._resumed_at is not None and plan.number >= self._resumed_at)
                 message = exhausted_message(
-                    label, self.settings.max_retries, attempts=plan.total
+                    label, plan.number - 1 - extra, attempts=plan.number, kind=signal.kind,
+                    agent_retries=self._agent_retries,
                 )
                 return self._fail(
                     Status.FAILED_RETRY_EXHAUSTED, EXIT_TEMPFAIL, message, report, signal=signal
@@ -318,6 +382,10 @@ class StepLoop:
             return Retry(wait=self.wait_before(retry), retry=retry, signal=signal)
         code = _shell_exit_code(report.exit_code)
         message = f"Error: {label} failed (exit {code})"
+        if report.exit_code == 0:
+            # Exit 0, but the agent's own result says it failed: never a success, never exit 0.
+            code = 1
+            message = f"Error: {label} exited 0 but its own result reports an error"
         if report.exit_code < 0:
             message += f", killed by signal {-report.exit_code}"
         status = (
@@ -328,7 +396,7 @@ class StepLoop:
         return self._fail(status, code, message, report, signal=signal)
 
     def _reset_wait(
-        self, plan: AttemptPlan, signal: LimitSignal, now: datetime
+        self, plan: AttemptPlan, signal: LimitSignal, now: datetime, allowance: str | None = None
     ) -> WaitForReset | str:
         """Wait for this usage limit's reset, or why not ("" when not asked to wait)."""
         limit = self.wait_for_reset
@@ -352,6 +420,13 @@ class StepLoop:
             reset_at=reset_at,
             limit=limit,
             signal=signal,
+            allowance=allowance,
+            note=(
+                f"{self.label}'s own auto-continue is on, but it exited, so it cannot resume;"
+                " rateloop run resumes this step."
+                if self.agent_auto_resume
+                else None
+            ),
         )
 
     def _fail(
@@ -362,17 +437,26 @@ class StepLoop:
         report: AttemptReport,
         *,
         signal: LimitSignal | None = None,
+        resumed_by: str | None = None,
     ) -> Finish:
         child = None if report.timed_out or report.start_error is not None else report.exit_code
         excerpt = None
-        if child is not None and child != 0:
-            excerpt = excerpt_of(stderr=report.stderr_tail, stdout=report.stdout_tail)
+        if child is not None and not report.succeeded:
+            excerpt = excerpt_of(
+                stderr=report.stderr_tail,
+                stdout=report.stdout_tail,
+                refusal=report.refusal,
+                needle=signal.matched if signal is not None else None,
+            )
         failure = StepFailure(
             exit_code=exit_code,
             message=message,
             child_exit_code=child,
             timed_out=report.timed_out,
             excerpt=excerpt,
+            allowance=report.allowance,
+            agent_retries=self._agent_retries,
+            resumed_by=resumed_by,
         )
         first_line = message.splitlines()[0].removeprefix("Error: ")
         return Finish(
