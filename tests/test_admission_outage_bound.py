@@ -205,8 +205,10 @@ def test_redis_no_window_passes_the_bound_across_a_real_restart() -> None:
         b.close()
     assert not errors
     assert not any(w.is_alive() for w in workers)
-    # Before the fix: 218 in one window.  The starts are taken on wake-up, a few ms after
-    # the limiter's start, which can move a start or two across a window's edge.
+    # Before the fix: 211-219 in one window.  The starts are taken on wake-up, after the
+    # limiter's start: on a loaded 2-core machine 60 threads wake late, by up to tens of
+    # ms, which moves a few starts across a window's edge (164 seen once under load, 160
+    # on a quiet machine).  5 % covers that and still fails the old code by 40 and more.
     busiest = busiest_window(starts)
     print(f"busiest 10 s window: {busiest} starts of {len(starts)} (bound {BOUND:g})")
-    assert busiest <= BOUND + 2
+    assert busiest <= BOUND * 1.05
