@@ -7,7 +7,11 @@ operation (method and path, never the query) and Slack's method in the scope.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -64,3 +68,22 @@ def test_a_header_in_a_scope_is_kept_to_a_safe_alphabet() -> None:
     assert signal.scope is not None and signal.scope.startswith("tool:discord:ab_cd_ef")
     assert len(signal.scope) <= len("tool:discord:") + 64
     assert signal.scope.count(":") == 2
+
+
+def test_rateloop_classify_explains_a_tool_response(tmp_path: Path) -> None:
+    # Discord's documented older 429: Retry-After and retry_after in milliseconds.
+    message = tmp_path / "discord.http"
+    message.write_bytes(
+        b"HTTP/1.1 429 TOO MANY REQUESTS\r\nContent-Type: application/json\r\n"
+        b"Retry-After: 6457\r\nX-RateLimit-Limit: 10\r\nX-RateLimit-Remaining: 0\r\n"
+        b"X-RateLimit-Reset: 1470173023\r\nX-RateLimit-Bucket: abcd1234\r\n\r\n"
+        b'{"message": "You are being rate limited.", "retry_after": 6457, "global": false}'
+    )
+    out = subprocess.run([sys.executable, "-m", "rateloop", "classify", str(message)],
+                         capture_output=True, text=True, check=True)
+    first, _, rest = out.stdout.partition("\n")
+    assert first == ("temporary: a short throttle — wait at least 6.457 s and retry "
+                     "(the limit of tool:discord:abcd1234, not of the model)")
+    data = json.loads(rest)
+    assert (data["provider"], data["scope"], data["retry_after"]) == (
+        "discord", "tool:discord:abcd1234", 6.457)

@@ -160,8 +160,9 @@ def _discord_millis(ev: Evidence) -> float | None:
 def prepared(ev: Evidence) -> Evidence:
     """Evidence a tool's generic readers would misread, put right before reading.
 
-    Discord's older ``Retry-After`` was milliseconds: it is read as the
-    ``retry-after-ms`` it really is (that header outranks ``retry-after``).
+    Discord's older ``Retry-After`` and ``retry_after`` were milliseconds:
+    they are read as the ``retry-after-ms`` header and ``retry_after_ms``
+    field they really are (that header outranks ``retry-after``).
     """
     if ev.provider != "discord" or ev.status != 429:
         return ev
@@ -170,7 +171,9 @@ def prepared(ev: Evidence) -> Evidence:
         return ev
     headers = {k: v for k, v in ev.headers.items() if k != "retry-after"}
     headers["retry-after-ms"] = f"{millis:g}"
-    return replace(ev, headers=headers)
+    data = {k: v for k, v in ev.data.items() if k != "retry_after"}
+    data["retry_after_ms"] = millis
+    return replace(ev, headers=headers, data=data)
 
 
 def discord_rule(ev: Evidence) -> Finding | None:
