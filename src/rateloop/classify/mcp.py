@@ -41,6 +41,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 from rateloop.classify._core import classify, resolve_now
@@ -106,7 +107,7 @@ def _texts(content: object) -> list[str]:
     out: list[str] = []
     if not isinstance(content, list | tuple):
         content = [content] if content is not None else []
-    for item in list(content)[:_MAX_ITEMS]:
+    for item in islice(content, _MAX_ITEMS):  # a hostile list of millions is not copied
         text = _field(item, "text")
         if text is None:  # an embedded resource carries its text one level down
             text = _field(_field(item, "resource"), "text")
