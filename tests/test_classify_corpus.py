@@ -8,7 +8,9 @@ document's ``tz``.  Every case has ``expect`` (``kind``, ``retryable`` and
 ``retry_after`` always, plus any other ``LimitSignal`` field to check) and a
 public ``source`` (its own, or the document's) saying where the message was
 seen: the agent's or provider's source, documentation or an issue thread.
-``pause_limit`` passes the far-wait threshold.
+An MCP case has ``mcp`` (a tool result or JSON-RPC message), ``server`` and
+``tool``, and is read by ``classify_mcp``.  ``pause_limit`` passes the
+far-wait threshold.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rateloop.classify import classify, classify_text
+from rateloop.classify import classify, classify_mcp, classify_text
 from rateloop.classify._when import zone_named
 from rateloop.signal import LimitSignal
 
@@ -93,6 +95,9 @@ def test_every_agent_and_provider_is_in_the_corpus() -> None:
 
 
 def _signal(case: dict[str, Any], now: datetime) -> LimitSignal:
+    if "mcp" in case:
+        return classify_mcp(case["mcp"], server=case["server"], tool=case["tool"], now=now,
+                            pause_limit=case.get("pause_limit"))
     if "text" in case:
         return classify_text(
             case["text"],

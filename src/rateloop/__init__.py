@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from rateloop.classify import (
         classify,
         classify_exception,
+        classify_mcp,
         classify_response,
         classify_text,
         detect_provider,
@@ -141,6 +142,7 @@ __all__ = [
     "async_openai_client",
     "classify",
     "classify_exception",
+    "classify_mcp",
     "classify_response",
     "classify_text",
     "decide",
@@ -186,6 +188,7 @@ _LAZY: dict[str, str] = {
     "async_openai_client": _CLIENTS,
     "classify": _READ,
     "classify_exception": _READ,
+    "classify_mcp": _READ,
     "classify_response": _READ,
     "classify_text": _READ,
     "detect_provider": _READ,

@@ -6,6 +6,7 @@ into a :class:`~rateloop.signal.LimitSignal`.
 * :func:`classify_exception` — an exception from openai, anthropic, google-genai,
   httpx / httpx2, botocore, requests or the standard library.
 * :func:`classify_text` — the output (and exit code) of a CLI agent.
+* :func:`classify_mcp` — an MCP server's tool result or JSON-RPC error.
 * :func:`detect_provider` — which provider a response came from.
 
 The rule that matters most: a 429 is a signal to classify, not an order to
@@ -22,6 +23,7 @@ from rateloop.classify._core import classify
 from rateloop.classify._detect import PROVIDERS, detect_provider
 from rateloop.classify._http import RESET_FIELDS
 from rateloop.classify.exceptions import classify_exception, classify_response
+from rateloop.classify.mcp import classify_mcp
 from rateloop.classify.text import classify_text
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "RESET_FIELDS",
     "classify",
     "classify_exception",
+    "classify_mcp",
     "classify_response",
     "classify_text",
     "detect_provider",

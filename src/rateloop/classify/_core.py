@@ -27,7 +27,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from rateloop._clock import system_clock
-from rateloop.classify import anthropic, bedrock, google, openai, others
+from rateloop.classify import anthropic, bedrock, google, openai, others, tools
 from rateloop.classify._detect import detect
 from rateloop.classify._evidence import BodyLike, Evidence, Finding, HeadersLike, gather
 from rateloop.classify._far import far_wait_threshold, settle_kind
@@ -46,7 +46,12 @@ _RULES: tuple[tuple[str, Rule], ...] = (
     ("bedrock", bedrock.rule),
     ("google", google.rule),
     ("github", others.github_rule),
+    ("github", tools.github_graphql_rule),
     ("slack", others.slack_rule),
+    ("discord", tools.discord_rule),
+    ("notion", tools.notion_rule),
+    ("atlassian", tools.atlassian_rule),
+    ("brave", tools.brave_rule),
     ("mistral", others.mistral_rule),
     ("groq", others.groq_rule),
     ("openrouter", others.openrouter_rule),
@@ -112,9 +117,13 @@ def signal_from(ev: Evidence, *, threshold: float | None = None) -> LimitSignal:
     ``threshold`` is the far-wait threshold in seconds (default: the policy's
     default pause limit); see :mod:`rateloop.classify._far`.
     """
+    ev = tools.prepared(ev)
     observed: tuple[Observed, ...] = observe(ev.headers, ev.now, provider=ev.provider)
     finding: Finding | None = envelope(ev) if ev.status is not None else None
-    if finding is None and ev.status is not None and (ev.status >= 300 or _carries_error(ev)):
+    refused = ev.status is not None and (
+        ev.status >= 300 or _carries_error(ev) or tools.carries_error(ev)
+    )
+    if finding is None and refused:
         for rule in _ordered(ev.provider):
             finding = rule(ev)
             if finding is not None:
@@ -173,6 +182,7 @@ def _finish(
         status=ev.status,
         code=finding.code,
         matched=matched,
+        scope=tools.tool_scope(ev, finding),  # a tool's limit names the tool's scope
         observed=observed,
         malformed=malformed,
     )

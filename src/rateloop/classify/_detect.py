@@ -27,17 +27,21 @@ __all__ = ["PROVIDERS", "detect", "detect_provider"]
 #: Every provider name classifiers report.
 PROVIDERS = (
     "anthropic",
+    "atlassian",
     "azure",
     "bedrock",
+    "brave",
     "cerebras",
     "cohere",
     "deepseek",
+    "discord",
     "github",
     "google",
     "groq",
     "minimax",
     "mistral",
     "moonshot",
+    "notion",
     "ollama",
     "openai",
     "openrouter",
@@ -72,6 +76,14 @@ _HEADER_MARKS: tuple[tuple[str, str], ...] = (
     ("x-ratelimit-limit-tokens-minute", "cerebras"),
     ("x-gemini-", "google"),
     ("x-amzn-requestid", "bedrock"),
+    # Tool APIs (rateloop.classify.tools).
+    ("x-ratelimit-bucket", "discord"),
+    ("x-ratelimit-global", "discord"),
+    ("x-ratelimit-scope", "discord"),
+    ("x-notion-request-id", "notion"),
+    ("ratelimit-reason", "atlassian"),
+    ("x-beta-ratelimit-reason", "atlassian"),
+    ("x-ratelimit-policy", "brave"),  # Brave's second and month windows ("1;w=1, 15000;w=2592000")
 )
 
 #: How much of the body text is searched for a provider's domain.
@@ -98,6 +110,10 @@ _MENTIONS: tuple[tuple[str, str], ...] = (
     ("googleapis.com", "google"),
     ("docs.github.com", "github"),
     ("openai.com", "openai"),
+    ("discord.com/developers", "discord"),
+    ("developers.notion.com", "notion"),
+    ("developer.atlassian.com", "atlassian"),
+    ("api.search.brave.com", "brave"),
 )
 
 _GOOGLE_STATUSES = frozenset(
@@ -120,6 +136,23 @@ _GOOGLE_STATUSES = frozenset(
 )
 
 
+def _tool_shape(data: Mapping[str, Any]) -> str | None:
+    """Discord's ``{"message", "retry_after", "global"}``, Notion's ``{"object": "error",
+    "status": 429, "code": ...}`` (no ``type``: Mistral's has one), Brave's ``ErrorResponse``."""
+    if isinstance(data.get("global"), bool) and "retry_after" in data:
+        return "discord"
+    if (
+        data.get("object") == "error"
+        and isinstance(data.get("status"), int)
+        and isinstance(data.get("code"), str)
+        and "type" not in data
+    ):
+        return "notion"
+    if data.get("type") == "ErrorResponse" and isinstance(data.get("error"), Mapping):
+        return "brave"
+    return None
+
+
 def _from_shape(data: Any) -> str | None:
     if isinstance(data, Mapping):
         if data.get("type") == "error" and isinstance(data.get("error"), Mapping):
@@ -128,6 +161,9 @@ def _from_shape(data: Any) -> str | None:
             return "bedrock"
         if data.get("ok") is False and isinstance(data.get("error"), str):
             return "slack"
+        tool = _tool_shape(data)
+        if tool is not None:
+            return tool
     err = error_object(data)
     if err is None:
         return None

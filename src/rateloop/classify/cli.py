@@ -68,6 +68,9 @@ def meaning(signal: LimitSignal) -> str:
     reset = f" at {signal.reset_at.isoformat()}" if signal.reset_at is not None else ""
     later = f" (at least {signal.retry_after:g} s)" if signal.retry_after is not None else ""
     text = _MEANINGS[signal.kind].format(wait=wait, reset=reset, wait_later=later)
+    if signal.kind is not Kind.OK and (signal.scope or "").startswith(("tool:", "mcp:")):
+        # A tool's limit holds the tool, never the model the agent calls.
+        text += f" (the limit of {signal.scope}, not of the model)"
     return f"{signal.kind.value}: {text}"
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from rateloop.classify._core import classify, classify_hinted, resolve_now
 from rateloop.classify._far import far_wait_threshold
+from rateloop.classify.tools import with_request
 from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 
 __all__ = ["classify_exception", "classify_response"]
@@ -121,6 +122,17 @@ def _body(resp: object) -> str | bytes | Mapping[str, Any] | None:
     return None
 
 
+def _answered(signal: LimitSignal, resp: object) -> LimitSignal:
+    """A tool's signal with the request the response answered (method and URL)."""
+    request = _attr(resp, "request")
+    if request is None:
+        return signal
+    try:
+        return with_request(signal, _attr(request, "method"), _attr(request, "url"))
+    except Exception:  # a hostile request object must not cost the signal
+        return signal
+
+
 def _module_provider(obj: object) -> str | None:
     module = type(obj).__module__ or ""
     for prefix, provider in _PROVIDER_BY_MODULE:
@@ -161,9 +173,10 @@ def classify_response(
         raise TypeError(
             f"classify_response needs an object with an int status_code, got {type(resp).__name__}"
         )
-    return _classify_parts(
+    signal = _classify_parts(
         status, _headers(resp), _body(resp), hint=None, now=moment, limit=limit
     )
+    return _answered(signal, resp)
 
 
 def _names(exc: BaseException) -> set[str]:
@@ -215,9 +228,10 @@ def _http_error(exc: BaseException, now: datetime, limit: float) -> LimitSignal 
     body = sdk_body if isinstance(sdk_body, Mapping) else _body(response)
     if body is None and isinstance(_attr(exc, "message"), str):
         body = _attr(exc, "message")
-    return _classify_parts(
+    signal = _classify_parts(
         status, _headers(response), body, hint=_module_provider(exc), now=now, limit=limit
     )
+    return _answered(signal, response)
 
 
 def _errno(exc: OSError) -> int | None:

@@ -49,7 +49,7 @@ from rateloop.admission import Limiter
 from rateloop.classify import classify_exception
 from rateloop.integrations._ready import HTTP_CLIENT_REFUSED
 from rateloop.loop.args import check_policy
-from rateloop.loop.effects import pause_until
+from rateloop.loop.effects import observed_scope, pause_until
 from rateloop.loop.sdk_count import acount_request, count_request
 from rateloop.policy import Policy
 from rateloop.route import Route
@@ -169,7 +169,7 @@ def learn_from_refusal(limiter: Any, route: Route, error: BaseException, now: da
     minimum pauses the whole scope for every caller sharing the limiter.
     """
     signal = classify_exception(error, now=now)
-    scope = route.provider_scope
+    scope = observed_scope(signal, route)  # a tool's refusal holds the tool, not the model
     if signal.observed or signal.kind is Kind.TEMPORARY:
         limiter.observe(scope, signal)
     until = pause_until(signal, now)

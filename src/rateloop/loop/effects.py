@@ -52,6 +52,7 @@ __all__ = [
     "Settle",
     "SettleUsage",
     "Sleep",
+    "observed_scope",
     "pause_until",
     "result_error",
     "sdk_retries",
@@ -154,6 +155,26 @@ class Raised:
 Effect = (
     Reserve | Book | Release | Settle | SettleUsage | Observe | Pause | Call | Sleep | OutcomeCheck
 )
+
+
+def observed_scope(signal: LimitSignal, route: Route) -> str:
+    """The scope a signal speaks for: where the loop observes it and pauses.
+
+    The route's provider scope (``provider:model[:project]``), unless the
+    signal came from another provider than the route's -- a tool the call
+    used, such as GitHub answering inside a model step -- and names a scope
+    off the route's path (``tool:github:core``): then that scope, so that a
+    tool's limit never pauses the model.  A scope on the route's path (a
+    model's organisation-wide limit) is left to the limiter's own binding
+    rule (:mod:`rateloop.admission.feedback`).
+    """
+    own = route.provider_scope
+    named = signal.scope
+    if not named or signal.provider == route.provider:
+        return own
+    if own == named or own.startswith(named + ":") or named.startswith(own + ":"):
+        return own  # on the route's path: the route is the tool's own, or names a wider limit
+    return named
 
 
 def pause_until(signal: LimitSignal, now: datetime) -> datetime | None:

@@ -51,6 +51,7 @@ from rateloop.loop.effects import (
     Returned,
     Settle,
     SettleUsage,
+    observed_scope,
     pause_until,
     result_error,
     sdk_retries,
@@ -293,8 +294,9 @@ class _Run:
                 yield Settle(reservation, cost.input_tokens, cost.output_tokens)
         if self.limiter is None:
             return
-        # The provider speaks for the scope it limits (the project), every tenant included.
-        scope = route.provider_scope
+        # The provider speaks for the scope it limits (the project), every tenant
+        # included; a tool the call used speaks for the tool's own scope.
+        scope = observed_scope(signal, route)
         if signal.observed or signal.kind is Kind.TEMPORARY:
             yield Observe(scope, signal)
         wall = self.clock.now()
