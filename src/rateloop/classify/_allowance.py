@@ -71,7 +71,7 @@ ALLOWANCES: dict[str, str] = {
     MODEL_DAILY: "this model's daily limit",
     MODEL_WEEKLY: "this model's weekly limit",
     SPEND_LIMIT: "the account's spend limit",
-    CREDITS: "the usage credits",
+    CREDITS: "the credit balance",
 }
 
 
