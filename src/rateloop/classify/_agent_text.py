@@ -155,7 +155,7 @@ def _claude_retrying(low: str, now: datetime, tz: tzinfo | None) -> Reading | No
 
 # \s: a wrapped line.  "reached": the Codex app's "You've reached your usage limit. Upgrade
 # your plan or add credits to continue".
-_CODEX_LIMIT = re.compile(r"(?:hit|reached) your usage\slimit\b")
+_CODEX_LIMIT = re.compile(r"(?:hit|reached)\syour\susage\slimit\b")
 _CODEX_MARKS = ("codex", "chatgpt", "openai.com", "try again at", "try again in",
                 "send a request to your admin", "purchase more credits", "upgrade to plus",
                 "upgrade to pro", "add credits to continue")
@@ -220,14 +220,15 @@ def _first_of_next_month(now: datetime) -> datetime:
 
 
 # The allowances behind Copilot's 429s (its codes user_weekly_rate_limited and
-# user_global_rate_limited:<plan>).  The message may still say "Please wait 2
-# minutes before trying again": that wait is not when the allowance returns.
+# user_global_rate_limited:<plan>); \s: the terminal may wrap at any space.  The
+# message may still say "Please wait 2 minutes before trying again": that wait is
+# not when the allowance returns.
 _COPILOT_ALLOWANCE: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"(?:reached|exceeded) your weekly rate limit\b|user_weekly_rate_limited\b"),
-     "weekly rate limit", allowance.WEEKLY),
-    (re.compile(r"exceeded your 5 hour session limits?\b"), "5 hour session limit",
+    (re.compile(r"(?:reached|exceeded)\syour\sweekly\srate\slimit\b"
+                r"|user_weekly_rate_limited\b"), "weekly rate limit", allowance.WEEKLY),
+    (re.compile(r"exceeded\syour\s5\shour\ssession\slimits?\b"), "5 hour session limit",
      allowance.SESSION),
-    (re.compile(r"reached your monthly chat messages (?:limit|quota)\b"),
+    (re.compile(r"reached\syour\smonthly\schat\smessages\s(?:limit|quota)\b"),
      "monthly chat messages limit", allowance.MONTHLY),
 )
 

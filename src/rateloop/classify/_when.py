@@ -56,13 +56,13 @@ _CLOCK = re.compile(
 # Each space may be a line break: Codex's TUI wraps its message at the
 # terminal's width ("… or try again at Jul 5th, 2026\n8:19 PM.").
 _AT = re.compile(
-    rf"try again at\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?,?\s(\d{{4}}),?\s)?"
+    rf"try\sagain\sat\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?,?\s(\d{{4}}),?\s)?"
     rf"(\d{{1,2}}):(\d{{2}})\s?(am|pm)?"
 )
 # Copilot: "reset on april 20, 2026 at 2:00 am", "wait until january 17, 2025";
 # Cursor: "monthly cycle ends on 11/17/2025"; Amazon Q: "reset on 08/01".
 _DATE = re.compile(
-    rf"(?:resets? on|wait until|cycle ends on)\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?"
+    rf"(?:resets?\son|wait\suntil|cycle\sends\son)\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?"
     rf"(?:,?\s(\d{{4}}))?(?:,?\s(?:at\s)?(\d{{1,2}}):(\d{{2}})\s?(am|pm)?)?"
     rf"|(\d{{1,2}})/(\d{{1,2}})(?:/(\d{{4}}))?)"
 )
