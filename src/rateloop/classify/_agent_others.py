@@ -50,16 +50,23 @@ _Q_MONTHLY = re.compile(
 )
 
 
+# The words alone could come from another tool: the provider is named only with a mark.
+_KIRO_MARKS = ("kiro", "continue building", "request_id")
+_Q_MARKS = ("amazonq", "amazon q", "q chat", "codewhisperer")
+
+
 def _kiro_amazon_q(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
     found = find(_KIRO_USAGE, low)
     if found is not None:
         code = allowance.DAILY if found.group(1) == "daily" else allowance.MONTHLY
-        return Reading(Kind.PERIOD_QUOTA, f"{found.group(1)} usage limit", "kiro",
+        provider = "kiro" if any(mark in low for mark in _KIRO_MARKS) else None
+        return Reading(Kind.PERIOD_QUOTA, f"{found.group(1)} usage limit", provider,
                        reset_at=date_reset(low, now, tz), code=code)
     if find(_Q_MONTHLY, low) is not None:
         # A ThrottlingException by name, but the month's allowance: waiting minutes
         # will not help ("Maximum …GenerateAssistantResponse reached for this month.").
-        return Reading(Kind.PERIOD_QUOTA, "monthly limit reached", "amazon_q",
+        provider = "amazon_q" if any(mark in low for mark in _Q_MARKS) else None
+        return Reading(Kind.PERIOD_QUOTA, "monthly limit reached", provider,
                        reset_at=date_reset(low, now, tz), code=allowance.MONTHLY)
     return None
 
@@ -70,10 +77,13 @@ _QWEN_FREE = re.compile(r"free (?:tier|allocated) quota exceeded\b")
 
 
 def _qwen(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
-    if find(_QWEN_FREE, low) is None:
+    found = find(_QWEN_FREE, low)
+    if found is None:
         return None
     # The free allowance is spent (its window is not printed); not a short throttle.
-    return Reading(Kind.PERIOD_QUOTA, "free quota exceeded", "qwen")
+    # "Free allocated quota exceeded" is Qwen's (DashScope's) own wording.
+    qwen = "qwen" in low or "allocated" in found.group(0)
+    return Reading(Kind.PERIOD_QUOTA, "free quota exceeded", "qwen" if qwen else None)
 
 
 # --- Ollama and Hugging Face -------------------------------------------------------
