@@ -233,7 +233,15 @@ _COPILOT_ALLOWANCE: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 
+# "Sorry, you have exhausted this model's rate limit. Please wait a moment before trying
+# again, or switch to a different model.": a short limit on one model (another may pass).
+_COPILOT_MODEL = re.compile(r"exhausted\sthis\smodel(?:'|’)s\srate\slimit\b")
+
+
 def _copilot_allowance(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
+    if find(_COPILOT_MODEL, low) is not None:
+        return Reading(Kind.TEMPORARY, "model's rate limit", "github", wait=wait_in(low),
+                       code=allowance.MODEL)
     for pattern, matched, code in _COPILOT_ALLOWANCE:
         if find(pattern, low) is not None:
             # "reset on April 20, 2026 at 2:00 AM", "wait until January 17, 2025";
