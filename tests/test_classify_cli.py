@@ -208,3 +208,50 @@ def test_json_prints_the_bare_json() -> None:
     result = runner.invoke(app, ["classify", "--json", "-"], input="HTTP/1.1 402 X\n\n")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["kind"] == "spend"
+
+
+@pytest.mark.parametrize(
+    ("stdin", "line"),
+    [
+        ("You've hit your weekly limit · resets 4am (Europe/Madrid)",
+         "period_quota: the weekly limit is spent — it returns at "),
+        ("Sorry, you have been rate-limited. Please wait 2 minutes before trying again.\n"
+         "Server Error: Sorry, you've exceeded your weekly rate limit.\n"
+         "Error Code: user_weekly_rate_limited",
+         "period_quota: the weekly limit is spent — when it returns was not stated; "
+         "waiting minutes will not help"),
+        ("You've hit your session limit · resets 3pm (America/Bogota)",
+         "period_quota: the session limit is spent — it returns at "),
+        ("You've hit your monthly spend limit. Ask an admin to raise it.",
+         "spend: the account's spend limit is used up — a person must act; "
+         "retrying will not help"),
+        ("You're out of extra usage · resets 9pm", "period_quota: the credit balance is spent"),
+        ("Usage limit reached for all Pro models.",
+         "period_quota: a limit on this model is spent — when it returns was not stated; "
+         "waiting minutes will not help"),
+        ("⚡ You have reached your daily gemini-2.5-pro quota limit.",
+         "period_quota: this model's daily limit is spent — it returns at "),
+        ("Opus weekly limit reached ∙ resets Oct 31, 9am",
+         "period_quota: this model's weekly limit is spent — it returns at "),
+        ("The monthly usage limit has been reached (request_id: 0e06d8cd)",
+         "period_quota: the monthly limit is spent — when it returns was not stated"),
+        ("You have exceeded your monthly included credits for Inference Providers.",
+         "period_quota: the credit balance is spent — when it returns was not stated"),
+        ("Slow response times detected. Automatically switching from gemini-2.5-pro to "
+         "gemini-2.5-flash for faster responses for the remainder of this session.",
+         "unknown: only a model fallback notice — the agent switched models and went on; "
+         "not a refusal, surfaced as it is, not retried"),
+        ("You've used 51% of your weekly rate limit. Your weekly rate limit will reset on "
+         "April 27 at 8:00 AM.",
+         "unknown: only a usage warning — the agent went on; not a refusal, surfaced as it "
+         "is, not retried"),
+        ("server busy, please try again.  maximum pending requests exceeded",
+         "overload: the provider is overloaded — retry later or fall back"),
+    ],
+)
+def test_the_meaning_line_names_the_allowance_the_agent_said_ran_out(stdin: str, line: str) -> None:
+    result = runner.invoke(app, ["classify", "--text", "-"], input=stdin)
+    assert result.exit_code == 0, result.output
+    first, rest = result.stdout.split("\n", 1)
+    assert first.startswith(line), first
+    assert json.loads(rest)["kind"] == line.split(":", 1)[0]

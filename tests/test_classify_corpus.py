@@ -85,7 +85,8 @@ def test_every_kind_is_in_the_corpus_for_http_and_for_cli() -> None:
 
 def test_every_agent_and_provider_is_in_the_corpus() -> None:
     files = {path.stem for path in FIXTURES.glob("*.yaml")}
-    assert {"agents_claude", "agents_codex", "agents_copilot", "agents_gemini"} <= files
+    assert {"agents_claude", "agents_codex", "agents_copilot", "agents_gemini",
+            "agents_others"} <= files
     providers = {c.values[0]["expect"].get("provider") for c in CASES}
     named = " ".join(f"{c.values[0]['name']} {c.values[0].get('source')}" for c in CASES).lower()
     for provider in ("openai", "azure", "anthropic", "google", "bedrock", "groq", "mistral",

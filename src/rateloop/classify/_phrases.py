@@ -141,7 +141,7 @@ _UNIT = (
 )
 _AMOUNT = rf"(?:\d+(?:\.\d+)?\s*{_UNIT}(?:\s*,?\s*(?:and\s+)?)?)+"
 _WAIT = re.compile(
-    rf"(?:try(?:ing)? again|retry(?:ing)?|wait|resets?|available again)"
+    rf"(?:try(?:ing)?\sagain|retry(?:ing)?|wait|resets?|available\sagain)"
     rf"(?:\s+(?:after|in|for))?\s+(?:about\s+|approximately\s+)?({_AMOUNT})"
 )
 _MAX_SCAN = 200_000

@@ -8,7 +8,12 @@ sometimes the time zone in parentheses:
   (America/New_York)``, ``resets Oct 31, 9am``, ``resets Oct 24``, ``Your
   limit resets at 3:00 PM``;
 * Codex: ``try again at 3:28 PM`` (today) or ``try again at Jul 5th, 2026
-  8:19 PM`` (formatted in the machine's local zone).
+  8:19 PM`` (formatted in the machine's local zone), also wrapped over two
+  lines by the terminal;
+* dates of monthly and weekly plans (:func:`date_reset`): Copilot's ``reset on
+  April 20, 2026 at 2:00 AM`` and ``wait until January 17, 2025``, Cursor's
+  ``monthly cycle ends on 11/17/2025``, Amazon Q's ``reset on 08/01``
+  (month/day, as these US services print it).
 
 A time without a date is the next such moment after ``now``; a date without
 a year is the next such date (this year, or next year once it has passed).
@@ -25,7 +30,7 @@ from functools import cache, lru_cache
 
 from rateloop.classify._phrases import find_all
 
-__all__ = ["at_reset", "clock_reset", "local_zone", "zone_named"]
+__all__ = ["at_reset", "clock_reset", "date_reset", "local_zone", "zone_named"]
 
 _MONTHS = {
     name: index
@@ -48,9 +53,18 @@ _CLOCK = re.compile(
     rf"(?:{_TIME})?{_ZONE}"
 )
 # Codex: "try again at 3:28 pm." / "try again at jul 5th, 2026 8:19 pm".
+# Each space may be a line break: Codex's TUI wraps its message at the
+# terminal's width ("… or try again at Jul 5th, 2026\n8:19 PM.").
 _AT = re.compile(
-    rf"try again at (?:{_MONTH}\.? (\d{{1,2}})(?:st|nd|rd|th)?,? (\d{{4}}),? )?"
+    rf"try\sagain\sat\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?,?\s(\d{{4}}),?\s)?"
     rf"(\d{{1,2}}):(\d{{2}})\s?(am|pm)?"
+)
+# Copilot: "reset on april 20, 2026 at 2:00 am", "wait until january 17, 2025";
+# Cursor: "monthly cycle ends on 11/17/2025"; Amazon Q: "reset on 08/01".
+_DATE = re.compile(
+    rf"(?:resets?\son|wait\suntil|cycle\sends\son)\s(?:{_MONTH}\.?\s(\d{{1,2}})(?:st|nd|rd|th)?"
+    rf"(?:,?\s(\d{{4}}))?(?:,?\s(?:at\s)?(\d{{1,2}}):(\d{{2}})\s?(am|pm)?)?"
+    rf"|(\d{{1,2}})/(\d{{1,2}})(?:/(\d{{4}}))?)"
 )
 
 
@@ -183,6 +197,29 @@ def at_reset(low: str, now: datetime, tz: tzinfo | None = None) -> datetime | No
             now, tz or local_zone(now), month=month,
             day=int(day_text) if day_text else None,
             year=int(year_text) if year_text else None,
+            hour=hour_minute[0], minute=hour_minute[1],
+        )
+        if moment is not None:
+            return moment
+    return None
+
+
+def date_reset(low: str, now: datetime, tz: tzinfo | None = None) -> datetime | None:
+    """The first "reset on <date> [at <time>]" / "wait until <date>" / "cycle ends on
+    <m>/<d>[/<y>]" in lowercase ``low``, as an aware UTC time (midnight when no time
+    is printed), or ``None``.  A date without a year is its next occurrence."""
+    for match in find_all(_DATE, low):
+        (month_name, day_text, year_text, hour_text, minute_text, meridiem,
+         month_num, day_num, year_num) = match.groups()
+        if month_name is not None:
+            month, day, year = _MONTHS.get(month_name), day_text, year_text
+        else:
+            month, day, year = int(month_num), day_num, year_num
+        hour_minute = _hour(hour_text, minute_text, meridiem) if hour_text else (0, 0)
+        if month is None or not 1 <= month <= 12 or hour_minute is None:
+            continue
+        moment = _next(
+            now, tz or local_zone(now), month=month, day=int(day), year=int(year) if year else None,
             hour=hour_minute[0], minute=hour_minute[1],
         )
         if moment is not None:

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rateloop.classify._allowance import allowance_words
 from rateloop.classify._core import classify
 from rateloop.classify._json import signal_dict
 from rateloop.classify.text import classify_text
@@ -50,6 +51,14 @@ _MEANINGS: dict[Kind, str] = {
     Kind.UNKNOWN: "not recognised — surfaced as it is, not retried",
 }
 
+# Agent text that was read but is not a refusal (rateloop.classify._notices).
+_NOTICES = {
+    "model fallback notice": "only a model fallback notice — the agent switched models and "
+    "went on; not a refusal, surfaced as it is, not retried",
+    "usage warning": "only a usage warning — the agent went on; not a refusal, surfaced as "
+    "it is, not retried",
+}
+
 
 def meaning(signal: LimitSignal) -> str:
     """One line a person can act on: ``"<kind>: <what it means and what to do>"``.
@@ -59,6 +68,12 @@ def meaning(signal: LimitSignal) -> str:
     'spend: billing — a person must add credit; retrying will not help'
     >>> meaning(LimitSignal.of(Kind.TEMPORARY, retry_after=20.0))
     'temporary: a short throttle — wait at least 20 s and retry'
+
+    When agent text named the allowance that ran out (``code``), the line names it,
+    and says so when the agent did not state when it returns:
+
+    >>> meaning(LimitSignal.of(Kind.PERIOD_QUOTA, code="weekly_limit"))[:63]
+    'period_quota: the weekly limit is spent — when it returns was n'
     """
     wait = (
         f"wait at least {signal.retry_after:g} s"
@@ -68,6 +83,14 @@ def meaning(signal: LimitSignal) -> str:
     reset = f" at {signal.reset_at.isoformat()}" if signal.reset_at is not None else ""
     later = f" (at least {signal.retry_after:g} s)" if signal.retry_after is not None else ""
     text = _MEANINGS[signal.kind].format(wait=wait, reset=reset, wait_later=later)
+    allowance = allowance_words(signal.code)
+    if allowance is not None and signal.kind is Kind.PERIOD_QUOTA:
+        returns = f"it returns{reset}" if reset else "when it returns was not stated"
+        text = f"{allowance} is spent — {returns}; waiting minutes will not help"
+    elif allowance is not None and signal.kind is Kind.SPEND:
+        text = f"{allowance} is used up — a person must act; retrying will not help"
+    elif signal.kind is Kind.UNKNOWN and signal.matched in _NOTICES:
+        text = _NOTICES[signal.matched]
     if signal.kind is not Kind.OK and (signal.scope or "").startswith(("tool:", "mcp:")):
         # A tool's limit holds the tool, never the model the agent calls.
         text += f" (the limit of {signal.scope}, not of the model)"

@@ -5,12 +5,22 @@ sequences are removed, the text is cut to :data:`MAX_TEXT_CHARS` (its head
 and, mostly, its tail: agents print a refusal last), lowercased once, and
 asked, in this order:
 
+0. **Notices that are not refusals** are masked (:mod:`rateloop.classify._notices`):
+   a model fallback ("Automatically switching from gemini-2.5-pro to
+   gemini-2.5-flash …", "Claude Opus 4 limit reached, now using Sonnet 4") or a
+   usage warning ("You've used 51% of your weekly rate limit"); the agent went
+   on, so the rest of the output decides (``unknown`` when nothing else does).
 1. **What the agent itself printed** (:mod:`rateloop.classify._agent_text`):
    Claude Code's usage, session, weekly and spend limits with their reset
    time, its ``API Error (…) · Retrying in N seconds… (attempt k/10)``
    lines; Codex's usage limit, plan and high-demand messages; Copilot's
    rate limits, premium allowance and 402; Gemini CLI's capacity, quota and
-   daily-quota fallback notices.  See ``docs/classify.md`` for every string.
+   daily and per-model quotas; Cursor's, Kiro's, Amazon Q's, Qwen Code's,
+   Ollama's and Hugging Face's limits (:mod:`rateloop.classify._agent_others`).
+   ``code`` then names the allowance the text says ran out
+   (:mod:`rateloop.classify._allowance`: ``session_limit``, ``weekly_limit``,
+   ``spend_limit``, ``credits``, ``model_limit`` …).  See ``docs/classify.md``
+   for every string.
 2. Is it **spend** (billing, credit, "exceeded your current quota" outside
    Google)?
 3. Can the request **never fit** ("Request too large", "Limit 30000,
@@ -39,6 +49,7 @@ from datetime import datetime, tzinfo
 from rateloop.classify._agent_text import AGENT_READERS, Reading
 from rateloop.classify._core import resolve_now
 from rateloop.classify._far import far_wait_threshold, settle_kind
+from rateloop.classify._notices import without_notices
 from rateloop.classify._phrases import (
     dimension_of,
     find,
@@ -168,11 +179,15 @@ def _generic(low: str) -> Reading:
 
 def read_text(low: str, now: datetime, tz: tzinfo | None) -> Reading:
     """The reading of cleaned, lowercased output (no far-wait rule yet)."""
+    low, notice = without_notices(low)
     for reader in AGENT_READERS:
         reading = reader(low, now, tz)
         if reading is not None:
             return reading
-    return _generic(low)
+    reading = _generic(low)
+    if reading.kind is Kind.UNKNOWN and notice is not None:
+        return Reading(Kind.UNKNOWN, notice)
+    return reading
 
 
 def classify_text(
@@ -215,4 +230,5 @@ def classify_text(
         matched=reading.matched or None,
         provider=reading.provider,
         dimension=reading.dimension,
+        code=reading.code,
     )
