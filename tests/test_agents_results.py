@@ -84,9 +84,9 @@ def test_each_real_result_is_read(case: dict[str, Any]) -> None:
     for field in ("limit_type", "status"):
         if field in expect:
             assert getattr(result, field) == expect[field]
-    if "allowance" in expect:
-        assert allowance_of(result.text, result.limit_type) == expect["allowance"]
     signal = classify_agent_result(result, now=NOW)
+    if "allowance" in expect:
+        assert allowance_of(signal, result.limit_type) == expect["allowance"]
     if "kind" in expect:
         assert signal.kind.value == expect["kind"]
     if "dimension" in expect:
@@ -118,7 +118,7 @@ def test_a_rejected_rate_limit_event_is_a_usage_limit_with_the_stated_reset() ->
     signal = classify_agent_result(result, now=NOW)
     assert signal.kind is Kind.PERIOD_QUOTA
     assert signal.reset_at == datetime.fromtimestamp(1788625200, UTC)
-    assert allowance_of(result.text, result.limit_type) == "session (5-hour)"
+    assert allowance_of(signal, result.limit_type) == "session_limit"
 
 
 @pytest.mark.parametrize(
@@ -152,15 +152,17 @@ def test_the_agents_own_retries_and_auto_resume_are_read() -> None:
 @pytest.mark.parametrize(
     ("text", "allowance"),
     [
-        ("You've hit your weekly limit · resets 3am (Europe/London)", "weekly"),
-        ("You've hit your session limit · resets 9am (Europe/Berlin)", "session (5-hour)"),
-        ("You've hit your monthly spend limit", "monthly spend"),
-        ("You've hit your Opus limit", "model-specific"),
+        ("You've hit your weekly limit · resets 3am (Europe/London)", "weekly_limit"),
+        ("You've hit your session limit · resets 9am (Europe/Berlin)", "session_limit"),
+        ("You've hit your monthly spend limit", "spend_limit"),
+        ("You've hit your Opus limit", "model_limit"),
         ("429 Too Many Requests", None),
     ],
 )
 def test_the_allowance_is_the_one_the_agent_named(text: str, allowance: str | None) -> None:
-    assert allowance_of(text) == allowance
+    # One vocabulary: the allowance is the code the agent-text reader gives (classify._allowance).
+    signal = classify_text(text, exit_code=1, now=NOW)
+    assert allowance_of(signal) == allowance
 
 
 # -- end to end ------------------------------------------------------------------------------
@@ -178,12 +180,12 @@ def test_exit_0_with_a_limit_in_the_result_is_not_a_success(tmp_path: Path) -> N
     assert agent.runs == 1  # a usage limit is not retried in the short loop
     failure = outcome.value
     assert isinstance(failure, StepFailure)
-    assert failure.allowance == "session (5-hour)"
+    assert failure.allowance == "session_limit"
     assert outcome.retry_at == datetime(2026, 1, 2, 8, tzinfo=UTC)  # 9am Berlin, as stated
     assert failure.excerpt is not None and failure.excerpt.source == "result"
     assert failure.excerpt.lines == ("You've hit your session limit · resets 9am (Europe/Berlin)",)
     text = err.getvalue()
-    assert "The allowance that ran out: session (5-hour)." in text
+    assert "The allowance that ran out: the session limit (session_limit)." in text
     assert '"input_tokens"' not in text  # the excerpt is the refusal, not the JSON around it
 
 
@@ -331,7 +333,7 @@ def test_run_json_says_which_allowance_ran_out_and_when_it_returns(tmp_path: Pat
     summary = json.loads(done.stderr.splitlines()[-1])
     assert summary["status"] == "waiting_for_reset" and summary["exit_code"] == 75
     assert summary["kind"] == "period_quota"
-    assert summary["allowance"] == "session (5-hour)"
+    assert summary["allowance"] == "session_limit"
     reset = datetime.fromisoformat(summary["reset_at"])
     assert reset.astimezone(ZoneInfo("Europe/Berlin")).hour == 9  # "resets 9am (Europe/Berlin)"
     assert summary["resumed_by"] is None and summary["agent_retries"] == 0

@@ -17,11 +17,13 @@ from datetime import datetime
 from typing import TextIO
 
 from rateloop._clock import Clock
+from rateloop.classify.agent_results import allowance_words
 from rateloop.signal import Kind
 
 __all__ = [
     "RULE",
     "WAIT_CHUNK_SECS",
+    "allowance_line",
     "clock_duration",
     "exhausted_message",
     "format_seconds",
@@ -35,6 +37,15 @@ __all__ = [
 ]
 
 RULE = "=" * 80
+
+
+def allowance_line(code: str) -> str:
+    """The line that names the allowance that ran out (``code``: an allowance code).
+
+    >>> allowance_line("weekly_limit")
+    'The allowance that ran out: the weekly limit (weekly_limit).'
+    """
+    return f"The allowance that ran out: {allowance_words(code) or code} ({code})."
 
 
 def format_seconds(seconds: float) -> str:
@@ -76,7 +87,7 @@ def rate_limit_banner(
         why = "   Agent step throttled by the provider. This is transient — backing off."
     lines = [RULE, headline, why]
     if allowance:
-        lines.append(f"   The allowance that ran out: {allowance}.")
+        lines.append(f"   {allowance_line(allowance)}")
     lines += [
         f"   Waiting {format_seconds(wait)}s before retry {retry}/{max_retries}"
         f" (attempt {attempt} of {total}) ...",
@@ -144,7 +155,7 @@ def period_quota_message(
     """
     head = f'Error: {label} hit a usage limit (signal: "{signal}"); not retrying in this run.'
     if allowance:
-        head += f"\nThe allowance that ran out: {allowance}."
+        head += f"\n{allowance_line(allowance)}"
     if reset_at is None:
         return f"{head}\nThe provider did not say when it resets; retry later."
     left = max(0.0, (reset_at - now).total_seconds())
@@ -228,7 +239,7 @@ def reset_banner(
     left = max(0.0, (reset_at - now).total_seconds())
     lines = [RULE, f'⏳ USAGE LIMIT reached (signal: "{signal}")']
     if allowance:
-        lines.append(f"   The allowance that ran out: {allowance}.")
+        lines.append(f"   {allowance_line(allowance)}")
     lines.append(
         f"   The limit resets at {reset_at.isoformat(timespec='seconds')}"
         f" (in {human_duration(left)})."

@@ -62,10 +62,9 @@ def read_attempt(
         signal = classify_agent_result(result, now=now)
     if signal is None or (signal.kind is Kind.UNKNOWN and report.exit_code != 0):
         signal = classify_text(output, exit_code=report.exit_code or 1, now=now)
-    said = result.text if result is not None and result.texts else output
     allowance = None
     if signal.kind in _LIMIT_KINDS:
-        allowance = allowance_of(said, result.limit_type if result is not None else None)
+        allowance = allowance_of(signal, result.limit_type if result is not None else None)
     report = replace(
         report,
         agent_failed=failed,

@@ -199,8 +199,9 @@ class StepFailure:
     ``excerpt`` is the end of the failed attempt's own output (cleaned and
     redacted), printed under a dim header before the message; None when the
     attempt printed nothing, timed out or never started.  ``allowance`` is
-    which allowance ran out (``weekly``, ``session (5-hour)``, ``monthly
-    spend``, ``credits``, ...) as the agent named it, None when it did not;
+    which allowance ran out, as a code (``session_limit``, ``weekly_limit``,
+    ``spend_limit``, ``credits``, ...: the ``code`` of agent text, or the
+    agent's ``rateLimitType``), None when the agent did not name it;
     ``agent_retries`` the retries the agents made by themselves over the
     step; ``resumed_by`` who resumes a usage-limited step (``agent``: it said
     it continues by itself; ``rateloop run``; None: nobody in this run).

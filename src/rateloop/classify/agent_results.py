@@ -30,6 +30,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
+from rateloop.classify._allowance import (
+    ALLOWANCES,
+    MODEL_WEEKLY,
+    SESSION,
+    SPEND_LIMIT,
+    WEEKLY,
+    allowance_words,
+)
 from rateloop.classify.text import classify_text
 from rateloop.signal import Kind, LimitSignal
 
@@ -37,6 +45,7 @@ __all__ = [
     "AgentResult",
     "agent_retries_of",
     "allowance_of",
+    "allowance_words",
     "auto_resume_of",
     "classify_agent_result",
     "read_agent_result",
@@ -45,30 +54,14 @@ __all__ = [
 #: Results larger than this are not parsed (the runner keeps the last 64 KiB anyway).
 MAX_RESULT_CHARS = 1_000_000
 
-#: Claude Code's ``rateLimitType`` values and the allowance each names.
+#: Claude Code's ``rateLimitType`` values, as allowance codes (``classify._allowance``).
 _LIMIT_TYPES = {
-    "five_hour": "session (5-hour)",
-    "seven_day": "weekly",
-    "seven_day_opus": "weekly Opus (model-specific)",
-    "seven_day_sonnet": "weekly Sonnet (model-specific)",
-    "overage": "extra usage (monthly spend)",
+    "five_hour": SESSION,
+    "seven_day": WEEKLY,
+    "seven_day_opus": MODEL_WEEKLY,
+    "seven_day_sonnet": MODEL_WEEKLY,
+    "overage": SPEND_LIMIT,
 }
-
-# The allowance a refusal text names, most specific first (lowercase text).
-_ALLOWANCES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), name)
-    for pattern, name in (
-        (r"\b(?:monthly )?spend(?:ing)? limit\b|out of extra usage\b", "monthly spend"),
-        (r"\busage credits\b|\bout of credits\b|credit balance\b|\bcredit limit\b", "credits"),
-        (r"\bweekly (?:opus|sonnet) limit\b", "weekly model-specific"),
-        (r"\b(?:opus|sonnet|fast|pro models?) limit\b|limit reached for all pro models\b",
-         "model-specific"),
-        (r"\bweekly limit\b|\bseven[_ -]day\b", "weekly"),
-        (r"\bmonthly limit\b", "monthly"),
-        (r"\bdaily (?:limit|quota)\b|\bper day\b", "daily"),
-        (r"\bsession limit\b|\b5-hour limit\b|\bfive[_ -]hour\b", "session (5-hour)"),
-    )
-)
 
 #: What Claude Code prints when it will continue by itself at the reset
 #: (Claude Code 2.1.234+, ``autoContinueAtUsageLimit``).
@@ -276,23 +269,21 @@ def read_agent_result(stdout: str, stderr: str = "") -> AgentResult | None:
     return replace(result, agent_retries=retries, auto_resume=resume)
 
 
-def allowance_of(text: str, limit_type: str | None = None) -> str | None:
-    """Which allowance ran out: the agent's ``rateLimitType``, else the one the text names.
+def allowance_of(signal: LimitSignal, limit_type: str | None = None) -> str | None:
+    """Which allowance ran out, as a code of :data:`~rateloop.classify._allowance.ALLOWANCES`:
+    the agent's own ``rateLimitType``, else the one its words named (the signal's ``code``).
 
-    >>> allowance_of("You've hit your weekly limit · resets Mon 9am")
-    'weekly'
-    >>> allowance_of("", "five_hour")
-    'session (5-hour)'
-    >>> allowance_of("429 Too Many Requests") is None
+    >>> from rateloop.signal import Kind
+    >>> allowance_of(LimitSignal.of(Kind.PERIOD_QUOTA, code="weekly_limit"))
+    'weekly_limit'
+    >>> allowance_of(LimitSignal.of(Kind.PERIOD_QUOTA), "five_hour")
+    'session_limit'
+    >>> allowance_of(LimitSignal.of(Kind.TEMPORARY, code="rate_limit_exceeded")) is None
     True
     """
-    if limit_type:
-        return _LIMIT_TYPES.get(limit_type, limit_type.replace("_", " "))
-    low = text[-32_000:].lower()
-    for pattern, name in _ALLOWANCES:
-        if pattern.search(low):
-            return name
-    return None
+    if limit_type in _LIMIT_TYPES:
+        return _LIMIT_TYPES[limit_type]
+    return signal.code if signal.code in ALLOWANCES else None
 
 
 def agent_retries_of(text: str) -> int:
