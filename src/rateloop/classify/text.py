@@ -59,6 +59,7 @@ from rateloop.classify._phrases import (
     spend_of,
     wait_in,
 )
+from rateloop.classify._standing import credit_exhausted, must_change, zero_quota
 from rateloop.classify._time import add_seconds
 from rateloop.signal import Kind, LimitSignal
 
@@ -177,9 +178,29 @@ def _generic(low: str) -> Reading:
     return Reading(Kind.UNKNOWN, "")
 
 
+def _standing_reading(low: str) -> Reading | None:
+    """A provider's refusal that no wait fixes, relayed as text (the same phrases Read
+    takes from HTTP bodies, :mod:`~rateloop.classify._standing`): a zero quota is
+    ``permission``, a request that must change ``invalid``, a credit or key cap ``spend``
+    — before any agent reader or its "Please retry in 25s" can make it a throttle."""
+    zero = zero_quota(low)
+    if zero is not None:
+        return Reading(Kind.PERMISSION, zero)
+    change = must_change(low)
+    if change is not None:
+        return Reading(Kind.INVALID, change)
+    credit = credit_exhausted(low)
+    if credit is not None:
+        return Reading(Kind.SPEND, credit)
+    return None
+
+
 def read_text(low: str, now: datetime, tz: tzinfo | None) -> Reading:
     """The reading of cleaned, lowercased output (no far-wait rule yet)."""
     low, notice = without_notices(low)
+    standing = _standing_reading(low)
+    if standing is not None:
+        return standing
     for reader in AGENT_READERS:
         reading = reader(low, now, tz)
         if reading is not None:
