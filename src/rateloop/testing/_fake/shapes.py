@@ -282,15 +282,17 @@ def _gemini_refusal(
     if dim == "rate_limit":
         dim = "requests"
     quota_id, metric = _GEMINI_QUOTA.get(dim, _GEMINI_QUOTA["requests"])
+    violation: dict[str, Any] = {
+        "quotaMetric": f"generativelanguage.googleapis.com/{metric}",
+        "quotaId": quota_id,
+        "quotaDimensions": {"location": "global", "model": model},
+    }
+    if limit is not None:  # a scripted fault knows no limit: never state "0" (no quota at all)
+        violation["quotaValue"] = str(limit)
     details: list[Any] = [
         {
             "@type": "type.googleapis.com/google.rpc.QuotaFailure",
-            "violations": [{
-                "quotaMetric": f"generativelanguage.googleapis.com/{metric}",
-                "quotaId": quota_id,
-                "quotaDimensions": {"location": "global", "model": model},
-                "quotaValue": str(limit if limit is not None else 0),
-            }],
+            "violations": [violation],
         },
         {
             "@type": "type.googleapis.com/google.rpc.Help",
