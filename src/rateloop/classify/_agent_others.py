@@ -1,8 +1,8 @@
 """The other agent CLIs and runners people put in recipes, read from lowercase text.
 
 Cursor (``cursor-agent``), Kiro (``kiro-cli``), Amazon Q Developer (``q chat``),
-Qwen Code, Ollama (its local queue and Ollama Cloud's plan limits) and Hugging
-Face's inference credits.  Each reader returns a
+Qwen Code, opencode, Ollama (its local queue and Ollama Cloud's plan limits) and
+Hugging Face's inference credits.  Each reader returns a
 :class:`~rateloop.classify._reading.Reading` or ``None``; the strings and their
 sources are listed in ``docs/classify.md`` and held in
 ``tests/fixtures/classify/agents_others.yaml``.  A reset is read only where the
@@ -115,4 +115,22 @@ def _runners(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
 
 #: Asked after Claude Code's and Copilot's own limits, before Codex's "hit your
 #: usage limit" (Cursor prints the same words).
-OTHER_AGENT_READERS: tuple[Reader, ...] = (_cursor, _kiro_amazon_q, _qwen, _runners)
+# --- opencode --------------------------------------------------------------------
+
+# opencode relays its provider's plan limit (a ChatGPT plan through its Codex login, its own
+# Zen / Go plans) as one line that names no window: a spent allowance, never a throttle.  The
+# words are Codex's message; Codex's JSON error carries its reset and is read by Codex's reader.
+_OPENCODE_LIMIT = re.compile(r"\bthe usage limit has been reached\b")
+
+
+def _opencode(low: str, now: datetime, tz: tzinfo | None) -> Reading | None:
+    if "usage_limit_reached" in low or find(_OPENCODE_LIMIT, low) is None:
+        return None  # Codex's own JSON error (the same words): its reader knows the reset
+    provider = "opencode" if "opencode" in low else None
+    return Reading(Kind.PERIOD_QUOTA, "usage limit has been reached", provider,
+                   reset_at=date_reset(low, now, tz))
+
+
+OTHER_AGENT_READERS: tuple[Reader, ...] = (
+    _cursor, _kiro_amazon_q, _qwen, _runners, _opencode,
+)
