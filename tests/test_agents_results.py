@@ -81,7 +81,7 @@ def test_each_real_result_is_read(case: dict[str, Any]) -> None:
     assert result.format == expect["format"]
     assert result.failed is expect["failed"]
     assert list(result.texts) == expect["texts"]
-    for field in ("limit_type", "status"):
+    for field in ("limit_type", "status", "agent_retries"):
         if field in expect:
             assert getattr(result, field) == expect[field]
     signal = classify_agent_result(result, now=NOW)
