@@ -22,6 +22,15 @@ case, an ephemeral port) that answers every request, whatever its path, with
 * Gemini CLI (``GOOGLE_GEMINI_BASE_URL`` with ``GEMINI_API_KEY``): 429
   ``{"error":{"code":429,"status":"RESOURCE_EXHAUSTED",...}}``.
 
+The cases: each agent alone and under ``rateloop run --max-retries 2``; for Claude Code also
+``--output-format stream-json --verbose`` (its own retries visible as ``api_retry`` events),
+both outputs with rateloop's default ``--max-retries 5``, and a 529 ``overloaded_error``
+alone and under ``rateloop run``.  rateloop's waits are capped at 1 s then 2 s
+(``--base-delay-secs 1 --max-delay-secs 2``) so the bench ends in minutes; ``--timeout``
+(420 s) bounds each attempt, and every subprocess has a timeout.  Under ``rateloop run``
+Claude Code gets the ``CLAUDE_CODE_MAX_RETRIES=2`` that rateloop sets; alone it keeps its
+default (10).
+
 No ``retry-after`` header is sent, so each agent uses its own default backoff.
 Every agent runs with ``HOME`` (and its config dir) in a fresh temporary
 directory, fake keys, and telemetry, error reporting, auto-update and other
