@@ -75,13 +75,13 @@ def _settings(**flags: Any) -> Any:
 
 @pytest.mark.parametrize("case", FIXTURES["cases"], ids=lambda case: case["name"])
 def test_each_real_result_is_read(case: dict[str, Any]) -> None:
-    result = read_agent_result(case["stdout"])
+    result = read_agent_result(case["stdout"], case.get("stderr", ""))
     assert result is not None
     expect = case["expect"]
     assert result.format == expect["format"]
     assert result.failed is expect["failed"]
     assert list(result.texts) == expect["texts"]
-    for field in ("limit_type", "status"):
+    for field in ("limit_type", "status", "agent_retries"):
         if field in expect:
             assert getattr(result, field) == expect[field]
     signal = classify_agent_result(result, now=NOW)
@@ -211,6 +211,32 @@ def test_codex_json_errors_on_stdout_are_the_excerpt(tmp_path: Path) -> None:
     assert isinstance(failure, StepFailure) and failure.excerpt is not None
     assert failure.excerpt.lines == (CODEX_LIMIT,)
     assert "Reading additional input" not in failure.excerpt.render("codex")
+
+
+GEMINI_429 = CASES[
+    "gemini -o json, a 429 that stayed; the error object is on stderr, stdout is empty (exit 173)"
+]
+
+
+def test_geminis_json_error_on_stderr_is_its_result_and_the_excerpt(tmp_path: Path) -> None:
+    # The real Gemini CLI 0.61.0 (bench/real_agents.py): `-o json` prints its error object at
+    # the end of stderr, after its retry log and stack traces; stdout is empty.
+    agent = install_agent(tmp_path, "gemini", [{"stdout": "", "stderr": GEMINI_429["stderr"],
+                                                 "exit": 173}])
+    outcome = run_step([str(agent.path), "-p", "x", "-o", "json"],
+                       settings=_settings(max_retries=0), env=agent.env, stderr=io.StringIO())
+    assert outcome.status is Status.FAILED_RETRY_EXHAUSTED
+    assert outcome.signal is not None and outcome.signal.status == 429
+    failure = outcome.value
+    assert isinstance(failure, StepFailure) and failure.excerpt is not None
+    assert failure.excerpt.source == "result"
+    assert failure.excerpt.lines == ("Resource has been exhausted (e.g. check quota).",)
+    assert failure.agent_retries == 9
+
+
+def test_a_json_error_a_tool_printed_on_stderr_is_not_geminis_result() -> None:
+    stderr = '{\n  "error": {"message": "429 Too Many Requests", "code": 429}\n}\n'
+    assert read_agent_result("", stderr) is None
 
 
 def test_a_refusal_on_stdout_is_shown_over_an_unrelated_stderr(tmp_path: Path) -> None:

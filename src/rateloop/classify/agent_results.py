@@ -53,6 +53,8 @@ __all__ = [
 
 #: Results larger than this are not parsed (the runner keeps the last 64 KiB anyway).
 MAX_RESULT_CHARS = 1_000_000
+#: How much of the end of stderr may hold Gemini CLI's error object.
+_STDERR_RESULT_CHARS = 16_000
 
 #: Claude Code's ``rateLimitType`` values, as allowance codes (``classify._allowance``).
 _LIMIT_TYPES = {
@@ -243,6 +245,28 @@ def _gemini(event: dict[str, Any]) -> AgentResult | None:
     return AgentResult(format="gemini-json", failed=True, texts=texts, status=status)
 
 
+def _gemini_error_on_stderr(stderr: str) -> AgentResult | None:
+    """Gemini CLI's ``-o json`` error object, when it ends stderr (stdout then holds nothing).
+
+    Gemini CLI 0.61.0 writes the ``{"session_id": ..., "error": {...}}`` of a
+    failed ``-o json`` run on stderr, after its own retry log and stack traces:
+    the object is the last lines, from the last line that is a lone ``{``.
+    """
+    tail = stderr[-_STDERR_RESULT_CHARS:].rstrip()
+    if not tail.endswith("}"):
+        return None
+    start = tail.rfind("\n{\n")
+    body = tail[start + 1 :] if start >= 0 else tail
+    if not body.startswith("{\n"):
+        return None
+    event = _loads(body)
+    if not isinstance(event, dict) or not isinstance(event.get("error"), dict):
+        return None
+    if "session_id" not in event:  # Gemini CLI's shape, not any JSON error a tool printed
+        return None
+    return _gemini(event)
+
+
 def _retry_lines(low: str) -> int:
     return max((int(m.group(1) or m.group(2)) for m in _RETRY_LINE.finditer(low)), default=0)
 
@@ -250,17 +274,21 @@ def _retry_lines(low: str) -> int:
 def read_agent_result(stdout: str, stderr: str = "") -> AgentResult | None:
     """The agent's own result in ``stdout``; None when it holds none this module knows.
 
-    ``stderr`` is read only for the agent's retry lines and auto-resume notice.
+    ``stderr`` is read for the agent's retry lines and auto-resume notice, and
+    for Gemini CLI's ``-o json`` error object when stdout holds no result
+    (Gemini CLI writes it on stderr).
     """
     if not isinstance(stdout, str) or not isinstance(stderr, str):
         raise TypeError("stdout and stderr must be str")
     found = _events(stdout)
-    if found is None:
-        return None
-    events, whole = found
-    result = _claude(events, whole) or _codex(events)
-    if result is None and whole and len(events) == 1:
-        result = _gemini(events[0])
+    result = None
+    if found is not None:
+        events, whole = found
+        result = _claude(events, whole) or _codex(events)
+        if result is None and whole and len(events) == 1:
+            result = _gemini(events[0])
+    if result is None:
+        result = _gemini_error_on_stderr(stderr)
     if result is None:
         return None
     low = (result.text + "\n" + stderr[-32_000:]).lower()
