@@ -205,3 +205,26 @@ def test_a_bad_label_limit_is_a_config_error_naming_it() -> None:
         PrometheusSink(label_limits={"operation": 0})
     with pytest.raises(ConfigError, match=r"label_limits.*'prompt'.*allowed"):
         PrometheusSink(label_limits={"prompt": 5})
+
+
+# --- the shared event stream (the dashboard's timeline) ----------------------------------------
+
+
+@pytest.mark.redis
+def test_a_prompt_as_operation_never_reaches_the_redis_event_stream(
+    redis_url: str, redis_prefix: str
+) -> None:
+    import redis
+
+    from rateloop.observe.redis_events import RedisEventSink, events_key
+
+    sink = RedisEventSink(redis_url, prefix=redis_prefix)
+    try:
+        run([sink], FakeClock(), PROMPT, "model.generate")
+    finally:
+        sink.close()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    rows = client.xrange(events_key(redis_prefix))
+    client.close()
+    assert rows and "merger" not in repr(rows)
+    assert {fields.get("operation") for _, fields in rows} == {OTHER, "model.generate"}

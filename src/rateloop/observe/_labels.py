@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from rateloop._redact import redact
 from rateloop.errors import ConfigError
 
-__all__ = ["LABEL_LIMITS", "OPERATION_TOKEN", "OTHER", "LabelBounds"]
+__all__ = ["LABEL_LIMITS", "OPERATION_TOKEN", "OTHER", "LabelBounds", "safe_operation"]
 
 OTHER = "other"
 #: Distinct values kept per label and sink before new ones fold into ``other``.
@@ -57,7 +57,8 @@ def _tenantless(scope: str) -> str:
     return ":".join(parts[:3]) if len(parts) >= 4 else scope
 
 
-def _safe_operation(value: str) -> str:
+def safe_operation(value: str) -> str:
+    """``value`` if it is a safe operation token (rule 2), else ``other``."""
     if OPERATION_TOKEN.fullmatch(value) and redact(value) == value:
         return value
     return OTHER
@@ -115,7 +116,7 @@ class LabelBounds:
             if name == "scope" and not self.tenant_labels:
                 value = _tenantless(given)
             elif name == "operation" and given:
-                value = _safe_operation(given)
+                value = safe_operation(given)
             out[name] = self._bounded(name, value)
         return out
 
