@@ -21,6 +21,7 @@ The bounds hold for the life of the sink (a process), like the series they prote
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Mapping
@@ -57,6 +58,7 @@ def _tenantless(scope: str) -> str:
     return ":".join(parts[:3]) if len(parts) >= 4 else scope
 
 
+@functools.lru_cache(maxsize=4096)  # operation names repeat; redact() is the cost
 def safe_operation(value: str) -> str:
     """``value`` if it is a safe operation token (rule 2), else ``other``."""
     if OPERATION_TOKEN.fullmatch(value) and redact(value) == value:
