@@ -81,7 +81,12 @@ def otel() -> Iterator[tuple[OTelSink, InMemoryMetricReader, InMemorySpanExporte
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     meter_provider = MeterProvider(metric_readers=[reader])
-    sink = OTelSink(meter_provider=meter_provider, tracer_provider=tracer_provider, clock=clock)
+    sink = OTelSink(
+        meter_provider=meter_provider,
+        tracer_provider=tracer_provider,
+        clock=clock,
+        tenant_labels=True,
+    )
     yield sink, reader, exporter, clock
     meter_provider.shutdown()
     tracer_provider.shutdown()
@@ -127,7 +132,7 @@ LOOP_CALLS_HOOKS = _loop_calls_hooks()
 @pytest.mark.parametrize("twin", ["sync", "async"])
 def test_prometheus_counts_a_throttled_call_and_its_wait(twin: str) -> None:
     clock = FakeClock()
-    sink = PrometheusSink(clock=clock)
+    sink = PrometheusSink(clock=clock, tenant_labels=True)
     fn = FaultScript([throttle("2"), ok()])
     if twin == "sync":
         out = RateLoop(policy(), clock=clock, sinks=[sink]).call(fn, route=A)
@@ -190,7 +195,7 @@ def test_prometheus_counts_unknown_outcomes() -> None:
 
 def test_prometheus_counts_admission_waits_and_a_capacity_deadline_miss() -> None:
     clock = FakeClock()
-    sink = PrometheusSink(clock=clock)
+    sink = PrometheusSink(clock=clock, tenant_labels=True)
     limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=2, burst=1.0)}, clock=clock)
     loop = RateLoop(policy(), limiter=limiter, clock=clock, sinks=[sink])
     fn = FaultScript([ok()])
@@ -418,7 +423,7 @@ def takes(clock: FakeClock, seconds: float, then: Any) -> Any:
 
 def test_hooks_give_a_first_try_success_its_span_and_its_count(otel: Any) -> None:
     sink, _, exporter, clock = otel
-    prom = PrometheusSink(clock=clock)
+    prom = PrometheusSink(clock=clock, tenant_labels=True)
     loop = RateLoop(policy(), clock=clock, sinks=[sink, prom])
     hooked_call(loop, FaultScript([takes(clock, 0.25, ok())]), route=A)
     (span,) = attempt_spans(exporter)

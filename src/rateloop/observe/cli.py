@@ -59,6 +59,16 @@ PrefixOpt = Annotated[
 ]
 
 
+def _fail(message: str) -> typer.Exit:
+    """Say ``rateloop: message`` on one line; the caller raises the returned exit 2.
+
+    Bad input (a wrong URL, a busy port, an unreachable Redis) exits 2, never 1
+    (a crash's code), and never with a traceback.
+    """
+    typer.echo(f"rateloop: {' '.join(message.split())}", err=True)
+    return typer.Exit(2)
+
+
 def _limits_and_url(
     config: Sequence[Path] | None, redis: str | None
 ) -> tuple[dict[str, LimitSpec], str]:
@@ -70,9 +80,7 @@ def _limits_and_url(
         try:
             policy = Policy.layered(Layer.defaults(), *(Layer.from_file(p) for p in config))
         except ConfigError as exc:
-            # Bad input, like an unreachable Redis: exit 2, never 1 (a crash's code).
-            typer.echo(f"rateloop: invalid policy: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise _fail(f"invalid policy: {exc}") from None
         limits = dict(policy.limits)
         backend = policy.admission.backend
         if url is None and url_scheme(backend) in ("redis", "rediss", "unix"):
@@ -81,10 +89,14 @@ def _limits_and_url(
 
 
 def _reader(config: Sequence[Path] | None, redis: str | None, prefix: str) -> RedisStateReader:
-    from rateloop.observe.redis_state import RedisStateReader
+    from rateloop.observe.redis_state import RedisStateReader, check_redis_url
 
     limits, url = _limits_and_url(config, redis)
-    return RedisStateReader(url, prefix=prefix, limits=limits)
+    try:
+        check_redis_url(url, key="--redis" if redis is not None else "admission.backend")
+        return RedisStateReader(url, prefix=prefix, limits=limits)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 # --- status ---------------------------------------------------------------------------
@@ -203,8 +215,7 @@ def _open_store(url: str | None) -> Any:
     try:
         return open_store_readonly(url)
     except (BackendError, ConfigError) as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None
 
 
 def status(
@@ -229,8 +240,7 @@ def status(
                 snap = reader.read()
                 queue = read_queue(tasks, snap.at) if tasks is not None else None
             except BackendError as exc:
-                typer.echo(str(exc), err=True)
-                raise typer.Exit(2) from None
+                raise _fail(str(exc)) from None
             if as_json:
                 data = snap.to_dict()
                 if queue is not None:
@@ -289,14 +299,24 @@ def dashboard(
     try:
         check_bind(host, allow_remote=allow_remote)
     except ValueError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None
     reader = _reader(config, redis, prefix)
     tasks = _open_store(store)
     board = Dashboard(
         reader, store=tasks, host=host, port=port, allow_remote=allow_remote, interval=interval
     )
-    bound = board.start()
+    try:
+        bound = board.start()
+    except OSError as exc:  # EADDRINUSE, EACCES (a port < 1024), an address not on this host
+        board.stop()
+        reader.close()
+        if tasks is not None:
+            tasks.close()
+        why = exc.strerror or str(exc)
+        raise _fail(
+            f"cannot listen on {url_of(host, port).removeprefix('http://').rstrip('/')}: "
+            f"{why.lower()}; pass another --port, or --port 0 for a free one"
+        ) from None
     typer.echo(f"rateloop dashboard on {url_of(host, bound)} (reading {reader.url}); Ctrl-C stops")
     # The line above is read by scripts (and tests) to find a --port 0 server: flush it.
     sys.stdout.flush()

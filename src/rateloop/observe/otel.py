@@ -8,9 +8,11 @@ named ``rateloop.attempt`` and carry the wait as a ``rateloop.wait`` event.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rateloop._clock import Clock
+from rateloop.observe._labels import LabelBounds
 from rateloop.observe._metrics import METRICS, Metric, MetricSink, _Attempt
 
 try:
@@ -31,7 +33,11 @@ def _attributes(labels: dict[str, str]) -> dict[str, str]:
 
 
 class OTelSink(MetricSink):
-    """Record the loop's capacity decisions as OpenTelemetry metrics and spans."""
+    """Record the loop's capacity decisions as OpenTelemetry metrics and spans.
+
+    ``tenant_labels`` and ``label_limits`` bound the attributes of both as in
+    :class:`~rateloop.observe.prometheus.PrometheusSink`.
+    """
 
     traces = True
 
@@ -41,8 +47,11 @@ class OTelSink(MetricSink):
         meter_provider: metrics.MeterProvider | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Clock | None = None,
+        tenant_labels: bool = False,
+        label_limits: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(clock=clock)
+        self._bounds = LabelBounds(tenant_labels=tenant_labels, label_limits=label_limits)
         from rateloop._version import package_version
 
         meter = metrics.get_meter(_SCOPE, package_version(), meter_provider=meter_provider)
@@ -66,13 +75,15 @@ class OTelSink(MetricSink):
         return "OTelSink()"
 
     def _add(self, metric: Metric, labels: dict[str, str], n: float = 1.0) -> None:
-        self._instruments[metric.name].add(n, attributes=_attributes(labels))
+        self._instruments[metric.name].add(n, attributes=_attributes(self._bounds.apply(labels)))
 
     def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
-        self._instruments[metric.name].record(value, attributes=_attributes(labels))
+        self._instruments[metric.name].record(
+            value, attributes=_attributes(self._bounds.apply(labels))
+        )
 
     def _span(self, attempt: _Attempt, end_ns: int, *, ok: bool, unfinished: bool) -> None:
-        attrs: dict[str, Any] = _attributes(attempt.labels)
+        attrs: dict[str, Any] = _attributes(self._bounds.apply(attempt.labels))
         attrs["rateloop.attempt"] = attempt.number
         attrs["rateloop.start_known"] = attempt.start_known
         if attempt.signal_kind is not None:

@@ -13,10 +13,12 @@ Metrics live in the sink's own ``CollectorRegistry`` unless one is passed
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from rateloop._clock import Clock
 from rateloop.observe._bind import check_bind
+from rateloop.observe._labels import LabelBounds
 from rateloop.observe._metrics import METRICS, Metric, MetricSink
 
 try:
@@ -31,7 +33,12 @@ __all__ = ["PrometheusSink"]
 
 
 class PrometheusSink(MetricSink):
-    """Count the loop's capacity decisions in Prometheus metrics (``rateloop_*``)."""
+    """Count the loop's capacity decisions in Prometheus metrics (``rateloop_*``).
+
+    ``tenant_labels=True`` adds the ``tenant`` label (and the tenant part of
+    ``scope``); ``label_limits`` changes how many distinct values a label keeps
+    before new ones fold into ``other`` (:mod:`rateloop.observe._labels`).
+    """
 
     def __init__(
         self,
@@ -39,8 +46,11 @@ class PrometheusSink(MetricSink):
         registry: CollectorRegistry | None = None,
         namespace: str = "rateloop",
         clock: Clock | None = None,
+        tenant_labels: bool = False,
+        label_limits: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(clock=clock)
+        self._bounds = LabelBounds(tenant_labels=tenant_labels, label_limits=label_limits)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.namespace = namespace
         self._metrics: dict[str, Counter | Histogram] = {}
@@ -54,14 +64,14 @@ class PrometheusSink(MetricSink):
             return Counter(
                 m.name,
                 m.description,
-                m.label_names,
+                self._bounds.names(m.label_names),
                 namespace=self.namespace,
                 registry=self.registry,
             )
         return Histogram(
             m.name,
             m.description,
-            m.label_names,
+            self._bounds.names(m.label_names),
             namespace=self.namespace,
             unit=m.unit,
             registry=self.registry,
@@ -74,12 +84,12 @@ class PrometheusSink(MetricSink):
     def _add(self, metric: Metric, labels: dict[str, str], n: float = 1.0) -> None:
         counter = self._metrics[metric.name]
         assert isinstance(counter, Counter)
-        counter.labels(**labels).inc(n)
+        counter.labels(**self._bounds.apply(labels)).inc(n)
 
     def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
         histogram = self._metrics[metric.name]
         assert isinstance(histogram, Histogram)
-        histogram.labels(**labels).observe(value)
+        histogram.labels(**self._bounds.apply(labels)).observe(value)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (what ``/metrics`` serves)."""

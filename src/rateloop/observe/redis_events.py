@@ -30,6 +30,7 @@ from rateloop._clock import system_clock
 from rateloop._redact import redact_url
 from rateloop._url import lower_scheme
 from rateloop.admission.backends.keys import events_key
+from rateloop.observe._labels import safe_operation
 from rateloop.observe._metrics import Metric, MetricSink
 from rateloop.outcome.events import CapacityEvent
 
@@ -114,6 +115,8 @@ class RedisEventSink(MetricSink):
         super().__call__(event)  # classifies the event (see _add)
         data = event.to_dict()
         fields = {k: str(data[k]) for k in FIELDS if k in data}
+        if fields.get("operation"):  # the caller's free text: a safe token or "other"
+            fields["operation"] = safe_operation(fields["operation"])
         if self._current.capacity is not None:
             fields["capacity"] = self._current.capacity
         call = _CALL.get()

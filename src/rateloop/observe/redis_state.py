@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rateloop._redact import redact_url
-from rateloop._url import lower_scheme
+from rateloop._url import lower_scheme, url_scheme
 from rateloop.admission.backends.keys import (
     KINDS,
     LEARNED,
@@ -30,11 +30,41 @@ from rateloop.admission.backends.keys import (
 from rateloop.admission.gcra import AIMD
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.spec import LimitSpec
-from rateloop.errors import BackendError
+from rateloop.errors import BackendError, ConfigError
 from rateloop.observe.state import RawScope, Snapshot, _at, scope_state
 from rateloop.observe.waiters import waiters
 
-__all__ = ["KINDS", "RedisStateReader", "key_of", "scope_of_key"]
+__all__ = [
+    "KINDS",
+    "READABLE_SCHEMES",
+    "RedisStateReader",
+    "check_redis_url",
+    "key_of",
+    "scope_of_key",
+]
+
+# What redis.Redis.from_url opens; a Redis Cluster (redis+cluster://) is not read here.
+READABLE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: str, *, key: str = "url") -> None:
+    """Refuse a URL redis-py cannot open, naming it and the schemes allowed.
+
+    >>> check_redis_url("http://127.0.0.1:6379/0", key="--redis")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rateloop.errors.ConfigError: --redis: the Redis URL 'http://127.0.0.1:6379/0' has ...
+    """
+    scheme = url_scheme(url)
+    if scheme not in READABLE_SCHEMES:
+        has = f"the scheme {scheme!r}" if scheme else "no scheme"
+        raise ConfigError(
+            f"the Redis URL {url!r} has {has}",
+            key=key,
+            value=url,
+            allowed=", ".join(f"{s}://" for s in READABLE_SCHEMES) + " URLs",
+        )
+
 
 class RedisStateReader:
     """Snapshots of every scope under one prefix of one Redis.
@@ -68,13 +98,17 @@ class RedisStateReader:
         self._profiles = KnownLimits(shared=False)
         for scope, spec in self.limits.items():
             self._profiles.set_limits(scope, spec)
-        # redis-py before 8 compares its schemes case-sensitively: the canonical spelling.
-        self._client: Any = redis.Redis.from_url(
-            lower_scheme(url),
-            decode_responses=True,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=socket_timeout,
-        )
+        check_redis_url(url)
+        try:
+            # redis-py before 8 compares its schemes case-sensitively: the canonical spelling.
+            self._client: Any = redis.Redis.from_url(
+                lower_scheme(url),
+                decode_responses=True,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=socket_timeout,
+            )
+        except ValueError as exc:  # a malformed port, db or query string
+            raise ConfigError(f"cannot parse the Redis URL {url!r}: {exc}", value=url) from exc
 
     def __repr__(self) -> str:
         return f"RedisStateReader({self.url!r}, prefix={self.prefix!r})"
