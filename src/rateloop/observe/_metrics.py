@@ -13,7 +13,8 @@ attempt (``_span``).  The rules, in order:
    a ``retry``, ``fallback`` or ``admission_wait``) is a local rejection; the
    first event about an attempt that the provider refused (a ``wait``,
    ``fallback``, ``skip`` or ``stop`` carrying a non-ok signal) is a remote
-   rejection -- once per attempt, however many events follow it.  A stop
+   rejection -- once per attempt, however many events follow it -- labelled,
+   like the attempt's span, with the route refused (a fallback's ``from_*``).  A stop
    with status ``waiting_for_capacity``, local or remote, is a deadline miss
    caused by a capacity wait.
 3. Waits: each ``wait`` / ``admission_wait`` records its scheduled seconds.
@@ -61,10 +62,9 @@ import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from rateloop._clock import Clock, system_clock
+from rateloop._clock import Clock, epoch_ns, system_clock
 from rateloop._redact import redact
 from rateloop.outcome.events import CapacityEvent, DecisionKind
 from rateloop.outcome.record import Outcome
@@ -227,6 +227,19 @@ def labels_of(event: CapacityEvent, **extra: object) -> dict[str, str]:
     return out
 
 
+def _source_labels(event: CapacityEvent, base: dict[str, str]) -> dict[str, str]:
+    # A fallback or skip names its target; its signal and refused attempt are from_*'s.
+    if event.from_scope is None:
+        return base
+    return {
+        **base,
+        "provider": _label(event.from_provider),
+        "model": _label(event.from_model),
+        "scope": _label(event.from_scope),
+        "tenant": _label(_tenant(event.from_scope)),
+    }
+
+
 @dataclass(slots=True)
 class _Attempt:
     """The span being built for one attempt of one call."""
@@ -263,15 +276,6 @@ def _call_key() -> tuple[int, int]:
     return (threading.get_ident(), task)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _ns(moment: datetime) -> int:
-    """Nanoseconds since the epoch, exact to the microsecond (no float rounding)."""
-    return (moment - _EPOCH) // _MICROSECOND * 1000
-
-
 class MetricSink:
     """An event sink that measures; subclasses write the measurements to a backend."""
 
@@ -301,12 +305,13 @@ class MetricSink:
 
     def __call__(self, event: CapacityEvent) -> None:
         base = labels_of(event)
+        source = _source_labels(event, base)
         d = event.decision
         self._add(
             METRICS["decisions"],
-            {**base, "decision": d.value, "signal_kind": _label(event.signal_kind)},
+            {**source, "decision": d.value, "signal_kind": _label(event.signal_kind)},
         )
-        now_mono, now_ns = self.clock.monotonic(), _ns(self.clock.now())
+        now_mono, now_ns = self.clock.monotonic(), epoch_ns(self.clock.now())
         key = _call_key()
         call = self._enter(key, now_ns)
         if d is DecisionKind.PAUSE:
@@ -349,7 +354,7 @@ class MetricSink:
     def call_started(self, scope: str, *, operation: str = "", priority: str = "") -> None:
         """A call begins here: its first attempt's span starts now."""
         self._hooked = True
-        now_ns = _ns(self.clock.now())
+        now_ns = epoch_ns(self.clock.now())
         key = _call_key()
         with self._lock:
             stale = self._calls.pop(key, None)  # a call here that never finished (it raised)
@@ -361,7 +366,7 @@ class MetricSink:
 
     def call_finished(self, outcome: Outcome) -> None:
         """A call ended: count it (first-try successes included) and end its last span."""
-        now_ns = _ns(self.clock.now())
+        now_ns = epoch_ns(self.clock.now())
         with self._lock:
             call = self._calls.pop(_call_key(), None)
         first = outcome.events[0] if outcome.events else None
@@ -416,7 +421,8 @@ class MetricSink:
             self._add(METRICS["capacity"], {**base, "result": "rejected_local"})
         elif d in _REMOTE and remote and event.attempt not in call.refused:
             call.refused.add(event.attempt)
-            self._add(METRICS["capacity"], {**base, "result": "rejected_remote"})
+            source = _source_labels(event, base)  # the route that refused, not the fallback
+            self._add(METRICS["capacity"], {**source, "result": "rejected_remote"})
         if d in (DecisionKind.RETRY, DecisionKind.FALLBACK, DecisionKind.ADMISSION_WAIT):
             call.admitting_at = event.attempt
         if d is DecisionKind.RETRY:
@@ -451,12 +457,13 @@ class MetricSink:
             and current.number == event.attempt + 1
         )
         number = event.attempt + 1 if ahead else event.attempt
+        source = _source_labels(event, base)  # the attempt this event ends is on this route
         if current is None or current.number != number:
             if current is not None:  # an attempt that ended without its own event
                 self._span(current, now_ns, ok=False, unfinished=True)
-            current = call.attempt = _Attempt(number, now_ns, False, base)
+            current = call.attempt = _Attempt(number, now_ns, False, source)
         elif len(current.labels) == 1:  # opened by call_started: now the event names it
-            current.labels = base
+            current.labels = source
         attrs: dict[str, Any] = {"rateloop.decision": d.value}
         if event.wait_seconds is not None:
             attrs["rateloop.wait.scheduled_seconds"] = event.wait_seconds
