@@ -70,9 +70,7 @@ def samples(sink: PrometheusSink, name: str) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("code", REFUSALS)
 @pytest.mark.parametrize("twin", ["sync", "async"])
-def test_prometheus_blames_the_provider_that_refused_not_the_fallback(
-    twin: str, code: str
-) -> None:
+def test_prometheus_blames_the_provider_that_refused_not_the_fallback(twin: str, code: str) -> None:
     clock = FakeClock()
     sink = PrometheusSink(clock=clock)
     run(twin, [sink], clock, code)
