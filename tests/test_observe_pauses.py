@@ -127,8 +127,11 @@ def test_a_first_try_success_is_labelled_through_call_started(otel: Any) -> None
     (calls,) = otel_points(reader)["rateloop.calls"]
     assert calls.attributes["rateloop.operation"] == "embed"
     assert calls.attributes["rateloop.priority"] == "scheduled"
-    (span,) = exporter.get_finished_spans()
-    assert span.attributes is not None and span.attributes["rateloop.priority"] == "scheduled"
+    # One trace: the call's span and its one attempt, both labelled.
+    call, attempt = sorted(exporter.get_finished_spans(), key=lambda s: s.name != "rateloop.call")
+    assert attempt.parent is not None and attempt.parent.span_id == call.context.span_id
+    for span in (call, attempt):
+        assert span.attributes is not None and span.attributes["rateloop.priority"] == "scheduled"
 
 
 def test_a_sink_with_the_old_call_started_still_works() -> None:

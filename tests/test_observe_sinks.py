@@ -280,7 +280,8 @@ def test_no_prompt_key_or_body_reaches_any_label_or_span() -> None:
         + repr(reader.get_metrics_data())
         + "".join(s.to_json() for s in exporter.get_finished_spans())
     )
-    assert len(exporter.get_finished_spans()) == 3
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["rateloop.attempt"] * 3 + ["rateloop.call"]
     for secret in (PROMPT, KEY, "Q" * 20, "Bearer"):
         assert secret not in dumped
     meter_provider.shutdown()
@@ -375,11 +376,16 @@ def test_otel_spans_of_interleaved_async_calls_stay_apart(otel: Any) -> None:
     asyncio.run(both())
     models = [e.model for e in order.events]
     assert models != sorted(models)  # the two calls' events did interleave
-    spans = exporter.get_finished_spans()
+    spans = attempt_spans(exporter)
     assert len(spans) == 4
+    calls = [s for s in exporter.get_finished_spans() if s.name == "rateloop.call"]
+    assert len(calls) == 2
     for model in ("a", "b"):
         mine = [s for s in spans if (s.attributes or {}).get("rateloop.model") == model]
         assert len(mine) == 2
+        # Each call is its own trace: both attempts are children of that call's span.
+        (call,) = [c for c in calls if (c.attributes or {}).get("rateloop.model") == model]
+        assert {s.parent.span_id for s in mine if s.parent} == {call.context.span_id}  # type: ignore[union-attr]
         assert [(s.attributes or {})["rateloop.attempt"] for s in mine] == [1, 2]
         (wait,) = [e for s in mine for e in s.events if e.name == "rateloop.wait"]
         assert wait.attributes is not None

@@ -8,10 +8,10 @@ timestamps into waits.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "system_clock"]
+__all__ = ["Clock", "SystemClock", "epoch_ns", "system_clock"]
 
 
 @runtime_checkable
@@ -62,3 +62,12 @@ class SystemClock:
 
 
 system_clock: Clock = SystemClock()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def epoch_ns(moment: datetime) -> int:
+    """Nanoseconds since the epoch, exact to the microsecond (no float rounding)."""
+    return (moment - _EPOCH) // _MICROSECOND * 1000

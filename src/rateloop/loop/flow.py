@@ -194,7 +194,9 @@ class _Run:
             report.skips(step.skipped)
             if isinstance(step, FallBack):
                 take(state, step, None)
-                report.emit(DecisionKind.FALLBACK, route=step.route, reason=step.reason)
+                report.emit(
+                    DecisionKind.FALLBACK, route=step.route, reason=step.reason, from_route=route
+                )
                 return _MOVED
             return report.finish(
                 step.status, step.reason, retry_at=report.at(step.retry_at, step.retry_in)
@@ -382,5 +384,7 @@ class _Run:
         if decision.wait > 0:
             yield report.wait_for(decision.wait, DecisionKind.WAIT, route, decision.reason)
         take(state, decision, kind)
-        report.emit(DecisionKind.FALLBACK, route=decision.route, reason=decision.reason)
+        report.emit(
+            DecisionKind.FALLBACK, route=decision.route, reason=decision.reason, from_route=route
+        )
         return None

@@ -54,6 +54,11 @@ class CallReport:
         spec = self.spec
         sig = fields.pop("signal", self.signal)
         route = fields.pop("route", self.state.route)
+        left: Route | None = fields.pop("from_route", None)
+        if left is not None:
+            fields.update(
+                from_provider=left.provider, from_model=left.model, from_scope=left.scope
+            )
         event = CapacityEvent(
             decision=kind,
             operation=spec.operation,
@@ -73,8 +78,9 @@ class CallReport:
         self.loop._emit(event)
 
     def skips(self, skipped: Skips) -> None:
+        # Called before the state moves on: its route is the one the signal came from.
         for route, why in skipped:
-            self.emit(DecisionKind.SKIP, route=route, reason=why)
+            self.emit(DecisionKind.SKIP, route=route, reason=why, from_route=self.state.route)
 
     def wait_for(self, seconds: float, kind: DecisionKind, route: Route, reason: str) -> Sleep:
         """The sleep of a wait, announced by its event and counted in ``waited_secs``."""

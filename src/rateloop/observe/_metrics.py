@@ -13,7 +13,8 @@ attempt (``_span``).  The rules, in order:
    a ``retry``, ``fallback`` or ``admission_wait``) is a local rejection; the
    first event about an attempt that the provider refused (a ``wait``,
    ``fallback``, ``skip`` or ``stop`` carrying a non-ok signal) is a remote
-   rejection -- once per attempt, however many events follow it.  A stop
+   rejection -- once per attempt, however many events follow it -- labelled,
+   like the attempt's span, with the route refused (a fallback's ``from_*``).  A stop
    with status ``waiting_for_capacity``, local or remote, is a deadline miss
    caused by a capacity wait.
 3. Waits: each ``wait`` / ``admission_wait`` records its scheduled seconds.
@@ -56,16 +57,15 @@ the event or ``call_started`` (see docs/observe.md).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from rateloop._clock import Clock, system_clock
+from rateloop._clock import Clock, epoch_ns, system_clock
 from rateloop._redact import redact
+from rateloop.observe._calls import Attempt, Call, CallEnd, call_key
 from rateloop.outcome.events import CapacityEvent, DecisionKind
 from rateloop.outcome.record import Outcome
 
@@ -227,49 +227,17 @@ def labels_of(event: CapacityEvent, **extra: object) -> dict[str, str]:
     return out
 
 
-@dataclass(slots=True)
-class _Attempt:
-    """The span being built for one attempt of one call."""
-
-    number: int
-    start_ns: int
-    start_known: bool
-    labels: dict[str, str]
-    events: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
-    signal_kind: str | None = None
-    http_status: int | None = None
-
-
-@dataclass(slots=True)
-class _Call:
-    """What the sink remembers about one call between its events."""
-
-    attempt: _Attempt | None = None
-    refused: set[int] = field(default_factory=set)
-    # The attempt count of the last retry/fallback/admission wait: a stop with the same
-    # count came before the next attempt was made, from admission.
-    admitting_at: int | None = None
-    wait: tuple[DecisionKind, float, float, dict[str, str]] | None = None
-    # From call_started: what a first-try success (no event) is labelled with.
-    operation: str = ""
-    priority: str = ""
-
-
-def _call_key() -> tuple[int, int]:
-    try:
-        task = id(asyncio.current_task())
-    except RuntimeError:  # no running event loop: a sync call
-        task = 0
-    return (threading.get_ident(), task)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _ns(moment: datetime) -> int:
-    """Nanoseconds since the epoch, exact to the microsecond (no float rounding)."""
-    return (moment - _EPOCH) // _MICROSECOND * 1000
+def _source_labels(event: CapacityEvent, base: dict[str, str]) -> dict[str, str]:
+    # A fallback or skip names its target; its signal and refused attempt are from_*'s.
+    if event.from_scope is None:
+        return base
+    return {
+        **base,
+        "provider": _label(event.from_provider),
+        "model": _label(event.from_model),
+        "scope": _label(event.from_scope),
+        "tenant": _label(_tenant(event.from_scope)),
+    }
 
 
 class MetricSink:
@@ -280,7 +248,7 @@ class MetricSink:
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock = clock if clock is not None else system_clock
-        self._calls: OrderedDict[tuple[int, int], _Call] = OrderedDict()
+        self._calls: OrderedDict[tuple[int, int], Call] = OrderedDict()
         self._lock = threading.Lock()
         # Set once the loop calls call_started: it then calls call_finished for every
         # call, which counts the calls, so terminal events no longer do.
@@ -294,20 +262,29 @@ class MetricSink:
     def _record(self, metric: Metric, labels: dict[str, str], value: float) -> None:
         raise NotImplementedError
 
-    def _span(self, attempt: _Attempt, end_ns: int, *, ok: bool, unfinished: bool) -> None:
-        """Emit the span of one finished attempt (only when :attr:`traces`)."""
+    def _span(
+        self, attempt: Attempt, end_ns: int, *, ok: bool, unfinished: bool, parent: Any
+    ) -> None:
+        """Emit the span of one finished attempt, a child of ``parent`` (the call's)."""
+
+    def _call_span(self, start_ns: int) -> Any:
+        """Open the span of one call, the parent of its attempts'; returns its handle."""
+
+    def _end_call_span(self, span: Any, end_ns: int, ended: CallEnd) -> None:
+        """End the span of one call (:meth:`_call_span`'s handle) as ``ended`` says."""
 
     # -- the sink protocol ------------------------------------------------------------------
 
     def __call__(self, event: CapacityEvent) -> None:
         base = labels_of(event)
+        source = _source_labels(event, base)
         d = event.decision
         self._add(
             METRICS["decisions"],
-            {**base, "decision": d.value, "signal_kind": _label(event.signal_kind)},
+            {**source, "decision": d.value, "signal_kind": _label(event.signal_kind)},
         )
-        now_mono, now_ns = self.clock.monotonic(), _ns(self.clock.now())
-        key = _call_key()
+        now_mono, now_ns = self.clock.monotonic(), epoch_ns(self.clock.now())
+        key = call_key()
         call = self._enter(key, now_ns)
         if d is DecisionKind.PAUSE:
             self._add(METRICS["pauses"], base)
@@ -332,49 +309,71 @@ class MetricSink:
             with self._lock:
                 self._calls.pop(key, None)
 
-    def _enter(self, key: tuple[int, int], now_ns: int) -> _Call:
+    def _enter(self, key: tuple[int, int], now_ns: int) -> Call:
         """The state of the call running here, created when new (the oldest evicted)."""
         with self._lock:
-            call = self._calls.pop(key, None) or _Call()
+            call = self._calls.pop(key, None) or Call()
             self._calls[key] = call  # most recently used last
             evicted = (
                 self._calls.popitem(last=False)[1] if len(self._calls) > MAX_OPEN_CALLS else None
             )
-        if evicted is not None and evicted.attempt is not None and self.traces:
-            self._span(evicted.attempt, now_ns, ok=False, unfinished=True)
+        if evicted is not None:
+            self._abandon(evicted, now_ns)
         return call
+
+    def _end_attempt(self, call: Call, end_ns: int, *, ok: bool, unfinished: bool) -> None:
+        if call.attempt is not None and self.traces:
+            self._span(call.attempt, end_ns, ok=ok, unfinished=unfinished, parent=call.span)
+        call.attempt = None
+
+    def _end_call(self, call: Call, end_ns: int, ended: CallEnd) -> None:
+        if call.span is not None and self.traces:
+            self._end_call_span(call.span, end_ns, ended)
+        call.span = None
+
+    def _abandon(self, call: Call, now_ns: int) -> None:
+        """End the spans of a call that will send nothing more (it raised, or was evicted)."""
+        labels = call.attempt.labels if call.attempt is not None else {}
+        self._end_attempt(call, now_ns, ok=False, unfinished=True)
+        at, ended = call.ended or (now_ns, CallEnd(labels, "unfinished", 0, ok=False))
+        self._end_call(call, at, ended)
 
     # -- the loop's optional hooks (a loop that has them calls them around every call) --------
 
     def call_started(self, scope: str, *, operation: str = "", priority: str = "") -> None:
         """A call begins here: its first attempt's span starts now."""
         self._hooked = True
-        now_ns = _ns(self.clock.now())
-        key = _call_key()
+        now_ns = epoch_ns(self.clock.now())
+        key = call_key()
         with self._lock:
             stale = self._calls.pop(key, None)  # a call here that never finished (it raised)
-        if stale is not None and stale.attempt is not None and self.traces:
-            self._span(stale.attempt, now_ns, ok=False, unfinished=True)
+        if stale is not None:
+            self._abandon(stale, now_ns)
         call = self._enter(key, now_ns)
         call.operation, call.priority = operation, priority
-        call.attempt = _Attempt(1, now_ns, True, {"scope": _label(scope)})
+        call.attempt = Attempt(1, now_ns, True, {"scope": _label(scope)})
+        if self.traces:
+            call.span = self._call_span(now_ns)
 
     def call_finished(self, outcome: Outcome) -> None:
         """A call ended: count it (first-try successes included) and end its last span."""
-        now_ns = _ns(self.clock.now())
+        now_ns = epoch_ns(self.clock.now())
         with self._lock:
-            call = self._calls.pop(_call_key(), None)
+            call = self._calls.pop(call_key(), None)
         first = outcome.events[0] if outcome.events else None
         operation = first.operation if first is not None else (call.operation if call else "")
         priority = (first.priority if first is not None else None) or (
             call.priority if call else ""
         )
         self.observe_outcome(outcome, operation=operation, priority=priority or "")
-        if call is not None and call.attempt is not None and self.traces:
-            attempt = call.attempt
-            if len(attempt.labels) == 1 and outcome.route is not None:  # no event named it
-                attempt.labels = _route_labels(outcome, operation, priority or "")
-            self._span(attempt, now_ns, ok=outcome.ok, unfinished=False)
+        if call is None:
+            return
+        labels = _route_labels(outcome, operation, priority or "")
+        if call.attempt is not None and len(call.attempt.labels) == 1 and outcome.route:
+            call.attempt.labels = labels  # no event named it
+        self._end_attempt(call, now_ns, ok=outcome.ok, unfinished=False)
+        ended = CallEnd(labels, outcome.status.value, outcome.attempts.loop, outcome.ok, outcome)
+        self._end_call(call, now_ns, ended)
 
     def observe_outcome(self, outcome: Outcome, *, operation: str = "", priority: str = "") -> None:
         """Record a finished call from its :class:`~rateloop.Outcome`.
@@ -393,7 +392,7 @@ class MetricSink:
 
     # -- the rules ---------------------------------------------------------------------------------
 
-    def _measure_wait_end(self, call: _Call, d: DecisionKind, now_mono: float) -> None:
+    def _measure_wait_end(self, call: Call, d: DecisionKind, now_mono: float) -> None:
         if call.wait is None:
             return
         kind, _, started, labels = call.wait
@@ -406,7 +405,7 @@ class MetricSink:
         if follows:
             self._record(METRICS["wait_actual"], labels, max(0.0, now_mono - started))
 
-    def _count(self, event: CapacityEvent, base: dict[str, str], call: _Call) -> None:
+    def _count(self, event: CapacityEvent, base: dict[str, str], call: Call) -> None:
         d = event.decision
         remote = event.signal_kind not in (None, "ok")
         local_stop = d is DecisionKind.STOP and event.attempt in (0, call.admitting_at)
@@ -416,7 +415,8 @@ class MetricSink:
             self._add(METRICS["capacity"], {**base, "result": "rejected_local"})
         elif d in _REMOTE and remote and event.attempt not in call.refused:
             call.refused.add(event.attempt)
-            self._add(METRICS["capacity"], {**base, "result": "rejected_remote"})
+            source = _source_labels(event, base)  # the route that refused, not the fallback
+            self._add(METRICS["capacity"], {**source, "result": "rejected_remote"})
         if d in (DecisionKind.RETRY, DecisionKind.FALLBACK, DecisionKind.ADMISSION_WAIT):
             call.admitting_at = event.attempt
         if d is DecisionKind.RETRY:
@@ -437,7 +437,7 @@ class MetricSink:
             for layer, n in (("loop", event.attempt), ("sdk", event.sdk_attempts)):
                 self._record(METRICS["call_attempts"], {**base, "layer": layer}, float(n))
 
-    def _trace(self, event: CapacityEvent, base: dict[str, str], call: _Call, now_ns: int) -> None:
+    def _trace(self, event: CapacityEvent, base: dict[str, str], call: Call, now_ns: int) -> None:
         if not self.traces:
             return
         d = event.decision
@@ -451,12 +451,15 @@ class MetricSink:
             and current.number == event.attempt + 1
         )
         number = event.attempt + 1 if ahead else event.attempt
+        source = _source_labels(event, base)  # the attempt this event ends is on this route
         if current is None or current.number != number:
             if current is not None:  # an attempt that ended without its own event
-                self._span(current, now_ns, ok=False, unfinished=True)
-            current = call.attempt = _Attempt(number, now_ns, False, base)
+                self._end_attempt(call, now_ns, ok=False, unfinished=True)
+            current = call.attempt = Attempt(number, now_ns, False, source)
+        if call.span is None:  # no call_started: the call starts with its first event
+            call.span = self._call_span(current.start_ns)
         elif len(current.labels) == 1:  # opened by call_started: now the event names it
-            current.labels = base
+            current.labels = source
         attrs: dict[str, Any] = {"rateloop.decision": d.value}
         if event.wait_seconds is not None:
             attrs["rateloop.wait.scheduled_seconds"] = event.wait_seconds
@@ -470,12 +473,16 @@ class MetricSink:
             current.signal_kind = event.signal_kind
             current.http_status = event.http_status
         if d in (DecisionKind.RETRY, DecisionKind.FALLBACK):
-            self._span(current, now_ns, ok=False, unfinished=False)
-            call.attempt = _Attempt(number + 1, now_ns, True, base)
+            self._end_attempt(call, now_ns, ok=False, unfinished=False)
+            call.attempt = Attempt(number + 1, now_ns, True, base)
         elif d in _TERMINAL:
             ok = d is DecisionKind.SUCCESS_AFTER_RETRY
-            self._span(current, now_ns, ok=ok, unfinished=False)
-            call.attempt = None
+            self._end_attempt(call, now_ns, ok=ok, unfinished=False)
+            ended = CallEnd(base, event.status or "completed", event.attempt, ok)
+            if self._hooked:  # call_finished ends the call with its outcome, unless it raised
+                call.ended = (now_ns, ended)
+            else:
+                self._end_call(call, now_ns, ended)
 
 
 def _route_labels(outcome: Outcome, operation: str, priority: str) -> dict[str, str]:

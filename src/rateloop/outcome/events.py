@@ -19,6 +19,12 @@ is how :class:`ConsoleSink` counts calls in flight.  Both are optional, so
 any plain callable remains a sink.  A ``call_started`` that accepts the
 keywords ``operation`` and ``priority`` (or ``**kwargs``) gets them too.
 
+``provider``, ``model`` and ``scope`` name the route the decision is about;
+a ``fallback`` names the route fallen back to and a ``skip`` the route
+skipped.  Those two also carry ``from_provider``, ``from_model`` and
+``from_scope``: the route the call was on, whose attempt produced the
+event's signal, so a refusal is never blamed on the route that follows it.
+
 A ``pause`` event says the loop paused a scope on the shared limiter after a
 refusal with a server minimum: ``scope`` is the paused scope, ``wait_seconds``
 the pause's length, ``paused_until`` its end, ``reason`` the refusal's kind.
@@ -101,6 +107,10 @@ class CapacityEvent:
     reason: str | None = None
     priority: str | None = None
     paused_until: datetime | None = None
+    # The route the call was on when it fell back or skipped (it produced the signal).
+    from_provider: str | None = None
+    from_model: str | None = None
+    from_scope: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "provider_code", _safe_token(self.provider_code))
