@@ -552,7 +552,8 @@ def test_a_pause_and_a_fallback_outlive_two_thousand_admissions_on_the_timeline(
         assert "pause" in kinds_seen, kinds_seen[:5]
         (fallback,) = [e for e in timeline if e["decision"] == "fallback"]
         assert fallback["scope"] == to_scope
-        assert fallback["text"] == "fallback openai:gpt-5 → anthropic:claude-x (temporary, HTTP 429)"
+        text = "fallback openai:gpt-5 → anthropic:claude-x (temporary, HTTP 429)"
+        assert fallback["text"] == text
         assert (fallback["from"], fallback["to"]) == (SCOPE, to_scope)
         # The routine events are still served, newest first, each once.
         assert [e["decision"] for e in timeline].count("admission_wait") == 200
@@ -574,7 +575,7 @@ def test_only_notable_decisions_reach_the_notable_stream_with_the_route_fallen_f
     from rateloop.admission.backends.keys import events_key, notable_events_key
     from rateloop.observe.redis_events import NOTABLE_DECISIONS, RedisEventSink
 
-    assert NOTABLE_DECISIONS == {"pause", "fallback", "skip", "stop"}
+    assert {"pause", "fallback", "skip", "stop"} == NOTABLE_DECISIONS
     sink = RedisEventSink(redis_url, prefix=redis_prefix, notable_maxlen=5)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -598,3 +599,40 @@ def test_only_notable_decisions_reach_the_notable_stream_with_the_route_fallen_f
         sink.close()
     with pytest.raises(ValueError, match="notable_maxlen must be an int >= 1, got 0"):
         RedisEventSink(redis_url, prefix=redis_prefix, notable_maxlen=0)
+
+
+@pytest.mark.redis
+def test_a_real_fallback_reads_back_naming_the_route_it_left_and_why(
+    redis_url: str, redis_prefix: str
+) -> None:
+    from rateloop.observe.redis_events import RedisEventSink
+    from rateloop.testing import FakeClock, FaultScript
+
+    openai = Route(provider="openai", model="gpt-x", project="proj")
+    anthropic = Route(provider="anthropic", model="claude-y", project="proj")
+    request = httpx.Request("POST", OPENAI)
+    body = {"error": {"message": "refused", "type": "insufficient_quota"}}
+    refused = httpx.Response(429, json=body, request=request)
+    answered = httpx.Response(200, request=httpx.Request("POST", "https://api.anthropic.com/v1"))
+    fn = FaultScript(
+        {"gpt-x": [httpx.HTTPStatusError("429", request=request, response=refused)],
+         "claude-y": [answered]}
+    )  # fmt: skip
+    sink = RedisEventSink(redis_url, prefix=redis_prefix)
+    reader = RedisStateReader(redis_url, prefix=redis_prefix)
+    policy = Policy.from_dict({"backoff": {"jitter": "none"}, "attempts_per_route": 1})
+    try:
+        out = RateLoop(policy, clock=FakeClock(), sinks=[sink]).call(
+            fn, route=openai, fallbacks=[anthropic]
+        )
+        assert out.status is Status.DEGRADED
+        _, notable = reader.read_notable_events()
+        (entry,) = [e for e in notable if e["decision"] == "fallback"]
+        assert entry["text"].startswith("fallback openai:gpt-x → anthropic:claude-y (")
+        assert entry["text"].endswith(", HTTP 429)"), entry["text"]
+        assert (entry["from"], entry["to"], entry["scope"]) == (
+            openai.scope, anthropic.scope, anthropic.scope,
+        )  # fmt: skip
+    finally:
+        reader.close()
+        sink.close()

@@ -193,8 +193,9 @@ def timeline_entry(at: str, fields: dict[str, str]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if fields.get("from_scope") or fields.get("from_provider"):
         # The refusal belongs to the route left: say which, then where the call went.
-        left = _route(fields.get("from_provider"), fields.get("from_model"), fields.get("from_scope"))
-        went = _route(fields.get("provider"), fields.get("model"), fields.get("scope"))
+        get = fields.get
+        left = _route(get("from_provider"), get("from_model"), get("from_scope"))
+        went = _route(get("provider"), get("model"), get("scope"))
         parts = [decision, left, "→", went]
         if why:
             parts.append(f"({', '.join(why)})")
