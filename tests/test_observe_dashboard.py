@@ -512,3 +512,127 @@ def test_the_page_shows_the_calls_waiting_by_priority(
         reader.close()
         sink.close()
         limiter.close()
+
+
+# --- notable events kept apart from routine ones ----------------------------------------------
+
+
+def _event(decision: str, **fields: Any) -> Any:
+    from rateloop.outcome.events import CapacityEvent, DecisionKind
+
+    return CapacityEvent(decision=DecisionKind(decision), operation="chat", **fields)
+
+
+@pytest.mark.redis
+def test_a_pause_and_a_fallback_outlive_two_thousand_admissions_on_the_timeline(
+    redis_url: str, redis_prefix: str
+) -> None:
+    from rateloop.observe.redis_events import RedisEventSink
+
+    to_scope = "anthropic:claude-x:proj"
+    sink = RedisEventSink(redis_url, prefix=redis_prefix)
+    reader = RedisStateReader(redis_url, prefix=redis_prefix)
+    board = Dashboard(reader, port=0)
+    try:
+        board.poll_once()  # the dashboard is up before the events arrive, as in production
+        sink(_event("pause", scope=SCOPE, wait_seconds=30.0, reason="temporary"))
+        sink(
+            _event(
+                "fallback", provider="anthropic", model="claude-x", scope=to_scope,
+                from_provider="openai", from_model="gpt-5", from_scope=SCOPE,
+                signal_kind="temporary", http_status=429, reason="rate limited",
+            )
+        )  # fmt: skip
+        for _ in range(2000):
+            sink(_event("admission_wait", scope=SCOPE, wait_seconds=0.01, priority="normal"))
+        for _ in range(40):  # each read takes at most 200 events: catch up, bounded
+            board.poll_once()
+        timeline = board.state()["timeline"]
+        kinds_seen = [e["kind"] for e in timeline]
+        assert "pause" in kinds_seen, kinds_seen[:5]
+        (fallback,) = [e for e in timeline if e["decision"] == "fallback"]
+        assert fallback["scope"] == to_scope
+        text = "fallback openai:gpt-5 → anthropic:claude-x (temporary, HTTP 429)"
+        assert fallback["text"] == text
+        assert (fallback["from"], fallback["to"]) == (SCOPE, to_scope)
+        # The routine events are still served, newest first, each once.
+        assert [e["decision"] for e in timeline].count("admission_wait") == 200
+        assert timeline[0]["decision"] == "admission_wait"
+        ats = [datetime.fromisoformat(e["at"]) for e in timeline]
+        assert ats == sorted(ats, reverse=True)
+    finally:
+        board.stop()
+        reader.close()
+        sink.close()
+
+
+@pytest.mark.redis
+def test_only_notable_decisions_reach_the_notable_stream_with_the_route_fallen_from(
+    redis_url: str, redis_prefix: str
+) -> None:
+    import redis
+
+    from rateloop.admission.backends.keys import events_key, notable_events_key
+    from rateloop.observe.redis_events import NOTABLE_DECISIONS, RedisEventSink
+
+    assert {"pause", "fallback", "skip", "stop"} == NOTABLE_DECISIONS
+    sink = RedisEventSink(redis_url, prefix=redis_prefix, notable_maxlen=5)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        sink(_event("wait", scope=SCOPE, wait_seconds=1.0))
+        sink(
+            _event(
+                "skip", provider="openai", model="gpt-5", scope=SCOPE, from_provider="openai",
+                from_model="gpt-5", from_scope=SCOPE, signal_kind="quota", http_status=429,
+            )
+        )  # fmt: skip
+        sink(_event("stop", scope=SCOPE, status="waiting_for_capacity"))
+        assert client.xlen(events_key(redis_prefix)) == 3  # every event, as before
+        notable = client.xrange(notable_events_key(redis_prefix))
+        assert [f["decision"] for _, f in notable] == ["skip", "stop"]
+        assert notable[0][1]["from_scope"] == SCOPE and notable[0][1]["from_model"] == "gpt-5"
+        for _ in range(300):  # the notable stream is capped by its own maxlen
+            sink(_event("pause", scope=SCOPE, wait_seconds=5.0))
+        assert client.xlen(notable_events_key(redis_prefix)) < 300
+    finally:
+        client.close()
+        sink.close()
+    with pytest.raises(ValueError, match="notable_maxlen must be an int >= 1, got 0"):
+        RedisEventSink(redis_url, prefix=redis_prefix, notable_maxlen=0)
+
+
+@pytest.mark.redis
+def test_a_real_fallback_reads_back_naming_the_route_it_left_and_why(
+    redis_url: str, redis_prefix: str
+) -> None:
+    from rateloop.observe.redis_events import RedisEventSink
+    from rateloop.testing import FakeClock, FaultScript
+
+    openai = Route(provider="openai", model="gpt-x", project="proj")
+    anthropic = Route(provider="anthropic", model="claude-y", project="proj")
+    request = httpx.Request("POST", OPENAI)
+    body = {"error": {"message": "refused", "type": "insufficient_quota"}}
+    refused = httpx.Response(429, json=body, request=request)
+    answered = httpx.Response(200, request=httpx.Request("POST", "https://api.anthropic.com/v1"))
+    fn = FaultScript(
+        {"gpt-x": [httpx.HTTPStatusError("429", request=request, response=refused)],
+         "claude-y": [answered]}
+    )  # fmt: skip
+    sink = RedisEventSink(redis_url, prefix=redis_prefix)
+    reader = RedisStateReader(redis_url, prefix=redis_prefix)
+    policy = Policy.from_dict({"backoff": {"jitter": "none"}, "attempts_per_route": 1})
+    try:
+        out = RateLoop(policy, clock=FakeClock(), sinks=[sink]).call(
+            fn, route=openai, fallbacks=[anthropic]
+        )
+        assert out.status is Status.DEGRADED
+        _, notable = reader.read_notable_events()
+        (entry,) = [e for e in notable if e["decision"] == "fallback"]
+        assert entry["text"].startswith("fallback openai:gpt-x → anthropic:claude-y (")
+        assert entry["text"].endswith(", HTTP 429)"), entry["text"]
+        assert (entry["from"], entry["to"], entry["scope"]) == (
+            openai.scope, anthropic.scope, anthropic.scope,
+        )  # fmt: skip
+    finally:
+        reader.close()
+        sink.close()

@@ -9,7 +9,12 @@ the concurrency slots running out, a bucket the provider blocked; and, when
 the workers share their events through a
 :class:`~rateloop.observe.redis_events.RedisEventSink`, their waits,
 rejections (local: admission; remote: the provider) and fallbacks -- and each
-scope's card its calls waiting now by priority (:mod:`rateloop.observe.waiters`).  With a
+scope's card its calls waiting now by priority (:mod:`rateloop.observe.waiters`).
+The notable entries (pauses, resumes, fallbacks, skips, stops) are kept apart
+from the routine ones (admissions, waits) and read from their own stream, so a
+burst of admissions never pushes a pause off the page: the timeline served is
+the newest ``ROUTINE_SERVED`` routine entries and the newest ``NOTABLE_SIZE``
+notable ones, merged newest first.  With a
 task store it also serves the queue: depth, the oldest task, and each parked
 task's ``retry_at`` and remaining steps.  The
 HTTP server answers ``GET`` only: the page and its two static files
@@ -48,6 +53,11 @@ _STATIC = {
     "/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 TIMELINE_SIZE = 500
+#: The routine entries served (newest first) and the notable entries kept and served.
+ROUTINE_SERVED = 200
+NOTABLE_SIZE = 100
+# The entries the dashboard makes itself from two snapshots that count as notable.
+_NOTABLE_KINDS = frozenset({"pause", "resume"})
 _PLAIN = "text/plain; charset=utf-8"
 
 
@@ -151,7 +161,9 @@ class Dashboard:
         self._snapshot: Snapshot | None = None
         self._error: str | None = None
         self._timeline: deque[dict[str, Any]] = deque(maxlen=TIMELINE_SIZE)
+        self._notable: deque[dict[str, Any]] = deque(maxlen=NOTABLE_SIZE)
         self._events_after: str | None = None
+        self._notable_after: str | None = None
         self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
@@ -164,19 +176,27 @@ class Dashboard:
     def poll_once(self) -> None:
         """Read Redis once and extend the timeline."""
         read_events = getattr(self._reader, "read_events", None)
+        read_notable = getattr(self._reader, "read_notable_events", None)
         try:
             snap = self._reader.read()
             events: list[dict[str, Any]] = []
+            notable: list[dict[str, Any]] = []
             if read_events is not None:  # the workers' events, when a RedisEventSink shares them
                 self._events_after, events = read_events(self._events_after)
+            if read_notable is not None:
+                self._notable_after, notable = read_notable(self._notable_after)
+                # The notable events come from their own stream: each is shown once.
+                events = [e for e in events if not e.get("notable")]
             queue = read_queue(self._store, snap.at).to_dict() if self._store is not None else None
         except BackendError as exc:
             with self._lock:
                 self._error = str(exc)
             return
+        for entry in timeline_entries(self._snapshot, snap):
+            (notable if entry["kind"] in _NOTABLE_KINDS else events).append(entry)
         with self._lock:
             self._timeline.extend(events)
-            self._timeline.extend(timeline_entries(self._snapshot, snap))
+            self._notable.extend(notable)
             self._snapshot, self._error, self._queue = snap, None, queue
 
     def _poll(self) -> None:
@@ -191,13 +211,16 @@ class Dashboard:
     def state(self) -> dict[str, Any]:
         """What ``/api/state`` serves."""
         with self._lock:
-            snap, error, timeline = self._snapshot, self._error, list(self._timeline)
-            queue = self._queue
+            snap, error, queue = self._snapshot, self._error, self._queue
+            routine = list(self._timeline)[-ROUTINE_SERVED:]
+            notable = list(self._notable)
+        # Oldest first, then a stable sort by time: entries of one moment keep their order.
+        timeline = sorted(notable + routine, key=lambda e: datetime.fromisoformat(e["at"]))
         return {
             "snapshot": snap.to_dict() if snap is not None else None,
             "queue": queue,
             "error": error,
-            "timeline": timeline[::-1][:200],  # newest first
+            "timeline": timeline[::-1],  # newest first
             "interval": self.interval,
             "served_at": datetime.now(UTC).isoformat(),
         }

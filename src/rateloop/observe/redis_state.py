@@ -25,6 +25,7 @@ from rateloop.admission.backends.keys import (
     STATE,
     events_key,
     key_of,
+    notable_events_key,
     scope_of_key,
 )
 from rateloop.admission.gcra import AIMD
@@ -122,9 +123,21 @@ class RedisStateReader:
         """Timeline entries of the events a :class:`~rateloop.observe.redis_events.RedisEventSink`
         wrote after stream id ``after`` (the last ``count`` when None), and the last id read.
         """
+        return self._read_stream(events_key(self.prefix), after, count)
+
+    def read_notable_events(
+        self, after: str | None = None, *, count: int = 100
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """As :meth:`read_events`, from the stream of the notable events only
+        (pauses, fallbacks, skips, stops), which routine events never trim.
+        """
+        return self._read_stream(notable_events_key(self.prefix), after, count)
+
+    def _read_stream(
+        self, key: str, after: str | None, count: int
+    ) -> tuple[str | None, list[dict[str, Any]]]:
         from rateloop.observe.redis_events import timeline_entry
 
-        key = events_key(self.prefix)
         try:
             if after is None:
                 rows = list(reversed(self._client.xrevrange(key, count=count)))

@@ -12,6 +12,8 @@ key ``S`` whose ``provider:model`` is ``R`` (``prefix`` defaults to
                         expiry (a call holds its lease in every scope with a limit)
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
     {prefix}events      stream: the loop's events (``RedisEventSink``)
+    {prefix}events:notable  stream: the notable ones again (pauses, fallbacks, skips,
+                        stops), capped apart so routine admissions never push them out
 
 ``{R}`` is a Redis Cluster hash tag: all scopes of a route share their
 ``provider:model``, so every key one script touches is in one slot.
@@ -27,6 +29,7 @@ __all__ = [
     "STATE",
     "events_key",
     "key_of",
+    "notable_events_key",
     "scope_of_key",
 ]
 
@@ -66,3 +69,8 @@ def scope_of_key(prefix: str, key: str) -> tuple[str, str] | None:
 def events_key(prefix: str) -> str:
     """The stream of the loop's events under ``prefix``."""
     return f"{prefix}events"
+
+
+def notable_events_key(prefix: str) -> str:
+    """The stream of the loop's notable events (pauses, fallbacks, ...) under ``prefix``."""
+    return f"{prefix}events:notable"
