@@ -180,15 +180,15 @@ def _generic(low: str) -> Reading:
 
 def _standing_reading(low: str) -> Reading | None:
     """A provider's refusal that no wait fixes, relayed as text (the same phrases Read
-    takes from HTTP bodies, :mod:`~rateloop.classify._standing`): a zero quota is
-    ``permission``, a request that must change ``invalid``, a credit or key cap ``spend``
+    takes from HTTP bodies, :mod:`~rateloop.classify._standing`): a request that must
+    change is ``invalid``, a zero quota ``permission``, a credit or key cap ``spend``
     — before any agent reader or its "Please retry in 25s" can make it a throttle."""
+    change = must_change(low)  # in the order of the HTTP readers (_rules.throttle)
+    if change is not None:
+        return Reading(Kind.INVALID, change)
     zero = zero_quota(low)
     if zero is not None:
         return Reading(Kind.PERMISSION, zero)
-    change = must_change(low)
-    if change is not None:
-        return Reading(Kind.INVALID, change)
     credit = credit_exhausted(low)
     if credit is not None:
         return Reading(Kind.SPEND, credit)

@@ -279,15 +279,9 @@ class TaskRunner(_BaseRunner):
 
     def _check_write(self, effect: CheckWrite) -> CheckReply:
         try:
-            verdict = self._ask(effect)
-            if inspect.isawaitable(verdict):
-                close = getattr(verdict, "close", None)
-                if close is not None:
-                    close()
-                raise TypeError(
-                    f"the outcome_check of step {effect.step.name} is a coroutine function; "
-                    "use AsyncTaskRunner"
-                )
+            verdict = _not_awaitable(
+                self._ask(effect), f"the outcome_check of step {effect.step.name}"
+            )
         except Exception as exc:
             return CheckReply(None, exc)
         return CheckReply(verdict, None)
@@ -300,18 +294,20 @@ class TaskRunner(_BaseRunner):
                     lambda route: step.fn(ctx, route), route=step.route, **_call_options(effect)
                 )
             else:
-                value = step.fn(ctx)
-                if inspect.isawaitable(value):
-                    close = getattr(value, "close", None)
-                    if close is not None:
-                        close()
-                    raise TypeError(
-                        f"step {step.name} is a coroutine function; use AsyncTaskRunner"
-                    )
-                out = self._local(value)
+                out = self._local(_not_awaitable(step.fn(ctx), f"step {step.name}"))
         except Exception as exc:
             return StepResult(None, exc, self.clock.now())
         return StepResult(out, None, self.clock.now())
+
+
+def _not_awaitable(value: Any, what: str) -> Any:
+    """``value``, from a function the sync runner called; a coroutine is closed and refused."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if close is not None:
+            close()
+        raise TypeError(f"{what} is a coroutine function; use AsyncTaskRunner")
+    return value
 
 
 class _Heartbeat:
