@@ -318,21 +318,25 @@ class BackendRunner:
         self._note_local(op, scaled)
         return await self._local_backend().aexecute(scaled), scaled, True
 
-    def _execute_returning(self, op: object, deadline: float | None) -> Done | None:
-        """``op`` on the shared backend after a fallback (None: run it locally).
+    def _return_steps(self, op: object) -> Generator[object, Any, Done | None]:
+        """``op`` on the shared backend after a fallback, as the ops to call there;
+        returns its answer, or None to run it locally.
 
         A settle just goes there; anything else first books the local grants
         there when this caller is the one returning (:meth:`_returning`).
+        :meth:`_execute_returning` and :meth:`_aexecute_returning` send each
+        op's answer back, or throw its error in.
         """
         carry = self._returning(op)
         if isinstance(carry, _Busy):
             return None
         try:
-            for charge in carry or ():
-                self._call(charge, deadline)
+            # Not `yield from`: the drivers send each charge's answer, which a list cannot take.
+            for charge in carry or ():  # noqa: UP028
+                yield charge
             if carry:  # booked: the local state is now the shared backend's
                 self._returned()
-            result = self._call(op, deadline)
+            result = yield op
         except BackendUnreachable as exc:
             self._fallback(exc, returning=carry is not None)
             return (None, op, False) if isinstance(op, SettleOp) else None
@@ -344,26 +348,33 @@ class BackendRunner:
             self._returned()
         return result, op, False
 
-    async def _aexecute_returning(self, op: object, deadline: float | None) -> Done | None:
-        carry = self._returning(op)
-        if isinstance(carry, _Busy):
-            return None
+    def _execute_returning(self, op: object, deadline: float | None) -> Done | None:
+        steps = self._return_steps(op)
         try:
-            for charge in carry or ():
-                await self._acall(charge, deadline)
-            if carry:
-                self._returned()
-            result = await self._acall(op, deadline)
-        except BackendUnreachable as exc:
-            self._fallback(exc, returning=carry is not None)
-            return (None, op, False) if isinstance(op, SettleOp) else None
-        except BaseException:
-            if carry is not None:
-                self._abandon_return()
-            raise
-        if carry is not None and not carry:
-            self._returned()
-        return result, op, False
+            call = next(steps)
+            while True:
+                try:
+                    answer = self._call(call, deadline)
+                except BaseException as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as stop:
+            return cast("Done | None", stop.value)
+
+    async def _aexecute_returning(self, op: object, deadline: float | None) -> Done | None:
+        steps = self._return_steps(op)
+        try:
+            call = next(steps)
+            while True:
+                try:
+                    answer = await self._acall(call, deadline)
+                except BaseException as exc:
+                    call = steps.throw(exc)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as stop:
+            return cast("Done | None", stop.value)
 
     def _call(self, op: object, deadline: float | None) -> Any:
         if deadline is None:
