@@ -160,8 +160,12 @@ class _BaseRunner:
             deadline=due,
         )
 
-    def _claim(self) -> TaskRecord | None:
-        """Lease the most urgent ready task this runner has a definition for (blocking)."""
+    def claim(self) -> TaskRecord | None:
+        """Lease the most urgent ready task this runner has a definition for, or None.
+
+        Blocking (the async runner calls it in a thread).  The others stay queued
+        for a runner that knows them.
+        """
         return self.store.claim(
             self.worker_id, lease_secs=self.policy.lease_secs, names=self.tasks.names()
         )
@@ -236,7 +240,7 @@ class TaskRunner(_BaseRunner):
 
     def run_next(self) -> TaskRecord | None:
         """Claim the most urgent ready task and run it; None when nothing is ready."""
-        rec = self._claim()
+        rec = self.claim()
         if rec is None:
             return None
         return self.run_claimed(rec)
@@ -247,7 +251,7 @@ class TaskRunner(_BaseRunner):
         while limit is None or len(done) < limit:
             if self.stop.is_set():
                 break
-            rec = self._claim()
+            rec = self.claim()
             if rec is None:
                 break
             last = self.run_claimed(rec)
@@ -365,7 +369,7 @@ class AsyncTaskRunner(_BaseRunner):
         return await asyncio.to_thread(self.store.submit, rec, self.policy)
 
     async def run_next(self) -> TaskRecord | None:
-        rec = await asyncio.to_thread(self._claim)
+        rec = await asyncio.to_thread(self.claim)
         if rec is None:
             return None
         return await self.run_claimed(rec)
@@ -375,7 +379,7 @@ class AsyncTaskRunner(_BaseRunner):
         while limit is None or len(done) < limit:
             if self.stop.is_set():
                 break
-            rec = await asyncio.to_thread(self._claim)
+            rec = await asyncio.to_thread(self.claim)
             if rec is None:
                 break
             last = await self.run_claimed(rec)

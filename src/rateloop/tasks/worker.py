@@ -125,11 +125,7 @@ def run_worker(
                         store, tasks=known, policy=policy,
                         worker_id=worker_id, stop=stop, loop=RateLoop(loop_policy),
                     )
-                    # Only the tasks this worker has definitions for: the others stay
-                    # queued for a worker that knows them.
-                    rec = store.claim(
-                        worker_id, lease_secs=runner.policy.lease_secs, names=known.names()
-                    )
+                    rec = runner.claim()  # only the tasks this worker has definitions for
                     if rec is None:
                         stop.wait(poll_secs)
                         continue
