@@ -23,7 +23,6 @@ was hit.  Never raises on any input.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from rateloop.classify._allowance import (
     WEEKLY,
     allowance_words,
 )
+from rateloop.classify._sse import decode_json
 from rateloop.classify.text import classify_text
 from rateloop.signal import Kind, LimitSignal
 
@@ -115,19 +115,12 @@ class AgentResult:
         return "\n".join(self.texts)
 
 
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-
-
 def _events(stdout: str) -> tuple[list[dict[str, Any]], bool] | None:
     """The JSON objects in ``stdout`` and whether it was one document; None if not JSON."""
     body = stdout.strip()
     if not body or body[0] not in "[{" or len(body) > MAX_RESULT_CHARS:
         return None
-    whole = _loads(body)
+    whole = decode_json(body)
     if isinstance(whole, dict):
         return [whole], True
     if isinstance(whole, list):
@@ -136,7 +129,7 @@ def _events(stdout: str) -> tuple[list[dict[str, Any]], bool] | None:
     for raw in body.splitlines():
         line = raw.strip()
         if line.startswith("{"):
-            value = _loads(line)
+            value = decode_json(line)
             if isinstance(value, dict):
                 events.append(value)
     return (events, False) if events else None
@@ -259,7 +252,7 @@ def _gemini_error_on_stderr(stderr: str) -> AgentResult | None:
     body = tail[start + 1 :] if start >= 0 else tail
     if not body.startswith("{\n"):
         return None
-    event = _loads(body)
+    event = decode_json(body)
     if not isinstance(event, dict) or not isinstance(event.get("error"), dict):
         return None
     if "session_id" not in event:  # Gemini CLI's shape, not any JSON error a tool printed

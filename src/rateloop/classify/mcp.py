@@ -47,6 +47,7 @@ from typing import Any
 from rateloop.classify._core import classify, resolve_now
 from rateloop.classify._far import far_wait_threshold
 from rateloop.classify._phrases import period_of, spend_of, wait_in
+from rateloop.classify._sse import decode_json
 from rateloop.signal import Kind, LimitSignal
 
 __all__ = ["classify_mcp"]
@@ -182,12 +183,7 @@ class _Message:
 def _relayed_json(text: str) -> Mapping[str, Any] | None:
     """A JSON object the server copied into its text (the upstream API's body)."""
     start = text.find("{")
-    if start < 0:
-        return None
-    try:
-        value = json.loads(text[start:])
-    except (ValueError, RecursionError):
-        return None
+    value = decode_json(text[start:]) if start >= 0 else None
     return value if isinstance(value, Mapping) else None
 
 
