@@ -182,7 +182,8 @@ def _finish(
         status=ev.status,
         code=finding.code,
         matched=matched,
-        scope=tools.tool_scope(ev, finding),  # a tool's limit names the tool's scope
+        # A tool's limit names the tool's scope; a provider's tier (flex) names the tier.
+        scope=finding.scope or tools.tool_scope(ev, finding),
         observed=observed,
         malformed=malformed,
     )
