@@ -296,3 +296,20 @@ def test_anthropic_malformed_batches_and_unknown_ids(desk: Desk) -> None:
 def test_bad_batch_settings_are_clear_errors(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         FakeBatch(**kwargs)
+
+
+def test_the_sync_handler_serves_the_batch_endpoints_too() -> None:
+    clock = FakeClock()
+    fake = FakeProvider(batch=FakeBatch(delay=5), clock=clock)
+    with httpx.Client(transport=httpx.MockTransport(fake.handler),
+                      base_url="http://fake") as client:
+        created = client.post("/v1/messages/batches", json={"requests": [_request("a")]})
+        assert created.status_code == 200
+        batch_id = created.json()["id"]
+        clock.advance(5)
+        assert client.get(f"/v1/messages/batches/{batch_id}").json()["processing_status"] == (
+            "ended")
+        results = client.get(f"/v1/messages/batches/{batch_id}/results")
+        [line] = [json.loads(row) for row in results.text.splitlines()]
+        assert (line["custom_id"], line["result"]["type"]) == ("a", "succeeded")
+        assert client.get("/v1/batches/batch_nope").status_code == 404
