@@ -103,11 +103,13 @@ end
 
 --@lease
 -- check $i: concurrency leases of scope $s, in its own set KEYS[$z] (r$i: the lease TTL)
+local zc$i = 0
 do
   local z = KEYS[$z]
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now_text(t))
   local w = 0
-  if redis.call('ZCARD', z) + 1 > al$i then
+  zc$i = redis.call('ZCARD', z)
+  if zc$i + 1 > al$i then
     local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
     w = math.max(math.min(tonumber(first[2]) - now, $poll), 0.000001)
     hard = math.max(hard, w)
@@ -150,6 +152,22 @@ if lease_id ~= '-' then
   local z = KEYS[$z]
   redis.call('ZADD', z, fmt(now + r$i), lease_id)
   keep(z, r$i)
+end
+
+--@hist_head
+-- The history (rateloop/admission/history.py): this minute's hash of each scope checked,
+-- the scope's history base (in KEYS) .. ':' .. minute, read and written once, expiring a
+-- day after the minute ends.
+local hmin = math.floor(now / 60)
+local hm, hx = ':' .. hmin, (hmin + 1) * 60 + $keep
+
+--@hist
+-- the history of scope $s: one admission, its units and the limits in force
+do
+  local hk = KEYS[$h] .. hm
+  local hv = redis.call('HMGET', hk, 'a'$fields)
+  redis.call('HSET', hk, 'a', (tonumber(hv[1]) or 0) + 1$pairs)
+  if not hv[1] then redis.call('EXPIREAT', hk, hx) end
 end
 
 --@reply

@@ -11,6 +11,8 @@ key ``S`` whose ``provider:model`` is ``R`` (``prefix`` defaults to
     {prefix}{R}:l:{S}   sorted set: the concurrency leases held in scope S, scored by
                         expiry (a call holds its lease in every scope with a limit)
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
+    {prefix}{R}:h:{S}:{M}  hash: scope S's history for epoch minute M, expiring 24 h after
+                        the minute ends (rateloop.admission.history: the fields)
     {prefix}events      stream: the loop's events (``RedisEventSink``)
     {prefix}events:notable  stream: the notable ones again (pauses, fallbacks, skips,
                         stops), capped apart so routine admissions never push them out
@@ -27,7 +29,9 @@ __all__ = [
     "LEARNED",
     "LEASES",
     "STATE",
+    "HISTORY",
     "events_key",
+    "history_key",
     "key_of",
     "notable_events_key",
     "scope_of_key",
@@ -39,6 +43,8 @@ STATE = "s"
 LEASES = "l"
 #: The hash of the limits learned from the provider's headers.
 LEARNED = "k"
+#: The per-minute history hashes of a scope (``key_of(prefix, HISTORY, scope)`` + ``:{minute}``).
+HISTORY = "h"
 #: The key kinds of one scope: state hash, lease set, learned limits.
 KINDS = (STATE, LEASES, LEARNED)
 
@@ -64,6 +70,15 @@ def scope_of_key(prefix: str, key: str) -> tuple[str, str] | None:
     if key_of(prefix, kind, scope) != key:  # the hash tag must be the scope's own root
         return None
     return kind, scope
+
+
+def history_key(prefix: str, scope: str, minute: int) -> str:
+    """The history hash of ``scope`` for one epoch minute.
+
+    >>> history_key("rateloop:", "openai:gpt-5:proj-1", 29000000)
+    'rateloop:{openai:gpt-5}:h:openai:gpt-5:proj-1:29000000'
+    """
+    return f"{key_of(prefix, HISTORY, scope)}:{minute}"
 
 
 def events_key(prefix: str) -> str:

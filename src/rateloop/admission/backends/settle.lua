@@ -53,6 +53,15 @@ write_state(k$s, v$s[1], now, ttl$s$pairs)
 --@lease
 redis.call('ZREM', KEYS[$z], ARGV[3])
 
+--@hist
+-- the history of scope $s (rateloop/admission/history.py): bucket '$F' settled by its delta
+if tonumber(ARGV[$a + 1]) ~= 0 then
+  local hmin = math.floor(now / 60)
+  local hk = KEYS[$h] .. ':' .. hmin
+  redis.call('HINCRBYFLOAT', hk, 'u:$F', ARGV[$a + 1])
+  redis.call('EXPIREAT', hk, (hmin + 1) * 60 + $keep)
+end
+
 --@reply
 if ru ~= '' then return {now_us, ru} end
 return now_us
