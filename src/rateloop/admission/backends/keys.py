@@ -25,13 +25,14 @@ Pure: no redis-py.
 from __future__ import annotations
 
 __all__ = [
+    "HISTORY",
     "KINDS",
     "LEARNED",
     "LEASES",
     "STATE",
-    "HISTORY",
     "events_key",
     "history_key",
+    "history_scope_of_key",
     "key_of",
     "notable_events_key",
     "scope_of_key",
@@ -79,6 +80,21 @@ def history_key(prefix: str, scope: str, minute: int) -> str:
     'rateloop:{openai:gpt-5}:h:openai:gpt-5:proj-1:29000000'
     """
     return f"{key_of(prefix, HISTORY, scope)}:{minute}"
+
+
+def history_scope_of_key(prefix: str, key: str) -> str | None:
+    """The scope of a history hash under ``prefix`` (:func:`history_key`), or None.
+
+    >>> history_scope_of_key("rateloop:", "rateloop:{openai:gpt-5}:h:openai:gpt-5:p:29000000")
+    'openai:gpt-5:p'
+    """
+    base, sep, minute = key.rpartition(":")
+    if not sep or not minute.isdigit():
+        return None
+    parsed = scope_of_key(prefix, base.replace(f"}}:{HISTORY}:", f"}}:{STATE}:", 1))
+    if parsed is None or key_of(prefix, HISTORY, parsed[1]) != base:
+        return None
+    return parsed[1]
 
 
 def events_key(prefix: str) -> str:

@@ -189,7 +189,10 @@ def admit_script(shape: Shape, history: bool = False) -> str:
 
 
 def _history_sections(
-    sec: dict[str, Template], checks: tuple[tuple[int, str, str, bool], ...], nscopes: int, base: int
+    sec: dict[str, Template],
+    checks: tuple[tuple[int, str, str, bool], ...],
+    nscopes: int,
+    base: int,
 ) -> str:
     """admit.lua's history writes: per scope checked, one HMGET and one HSET (``$h``: its base)."""
     out = [sec["hist_head"].substitute(keep=HISTORY_TTL_SECONDS)]
@@ -207,7 +210,8 @@ def _history_sections(
             if kind == CheckKind.BUCKET.value:  # per minute, at the rate in force
                 pairs.append(f", 'u:{field}', {used}, 'L:{field}', r{i} * 60")
             else:
-                pairs.append(f", 'u:{field}', {used}, 'c:{field}', n{i} + am{i}, 'L:{field}', al{i}")
+                day = f"'c:{field}', n{i} + am{i}, 'L:{field}', al{i}"
+                pairs.append(f", 'u:{field}', {used}, {day}")
         out.append(
             sec["hist"].substitute(s=s, h=base + s, fields="".join(fields), pairs="".join(pairs))
         )
