@@ -15,8 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from test_observe_dashboard import browser_page  # noqa: F401 - a fixture
-from test_observe_status import rateloop
 
 from rateloop.admission import LimitSpec
 from rateloop.admission.backends.keys import history_key, history_scope_of_key, key_of
@@ -37,6 +35,8 @@ from rateloop.outcome.events import CapacityEvent, DecisionKind
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock, FaultScript
+from test_observe_dashboard import browser_page  # noqa: F401 - a fixture
+from test_observe_status import rateloop
 
 SCOPE = "openai:gpt-5:proj"
 ROUTE = Route(provider="openai", model="gpt-5", project="proj")
@@ -77,13 +77,15 @@ def test_the_memory_limiter_records_admissions_units_and_limits_per_minute() -> 
     history = limiter.backend.history  # type: ignore[attr-defined]
     (h,) = history.read(5, now=clock.now().timestamp()).values()
     first, second = h.minutes
-    assert (first.at, second.at) == (T0.replace(second=0), T0.replace(second=0) + timedelta(minutes=1))
+    start = T0.replace(second=0)
+    assert (first.at, second.at) == (start, start + timedelta(minutes=1))
     assert first.admissions == 3 and second.admissions == 1
     assert first.usage["requests"].used == 3 and first.usage["requests"].limit == 600
     # Two calls settled 40 of their 100 tokens: 60 each refunded.
     assert first.usage["input_tokens"].used == 300 - 120
     assert first.usage["input_tokens"].limit == 60_000
-    assert (first.usage["requests_per_day"].count, first.usage["requests_per_day"].limit) == (3, 1000)
+    day = first.usage["requests_per_day"]
+    assert (day.count, day.limit) == (3, 1000)
     # One lease still held (the first reservation), of 4; counted at the last admission.
     assert first.usage["concurrency"].count == 2 and first.usage["concurrency"].limit == 4
     assert second.usage["requests_per_day"].count == 4
