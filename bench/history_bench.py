@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import httpx  # noqa: E402
+import httpx
 
-from rateloop import LimitSpec, Policy, RateLoop, Route  # noqa: E402
-from rateloop.admission.limiter import Limiter  # noqa: E402
-from rateloop.admission.history import HISTORY_MINUTES  # noqa: E402
+from rateloop import LimitSpec, Policy, RateLoop, Route
+from rateloop.admission.history import HISTORY_MINUTES
+from rateloop.admission.limiter import Limiter
 
 ROUTE = Route(provider="openai", model="gpt-5", project="bench")
 LIMITS = {
@@ -97,7 +97,7 @@ def redis_size(url: str) -> tuple[int, int]:
         seconds, _ = client.time()
         minute = int(seconds) // 60
         keys = [history_key(prefix, ROUTE.scope, m) for m in (minute - 1, minute)]
-        key = max(keys, key=lambda k: client.hlen(k))
+        key = max(keys, key=client.hlen)
         return int(client.memory_usage(key) or 0), int(client.hlen(key))
     finally:
         sink.close()
