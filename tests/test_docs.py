@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 _FENCE = re.compile(r"^```python[ \t]*$\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 TIMEOUT_SECS = 60
+#: Pages whose programs start a real engine (a Temporal dev server, Celery and DBOS workers).
+PAGE_TIMEOUT_SECS: dict[str, int] = {"docs/engines.md": 240}
 
 #: Pages other helpers own whose blocks still use placeholders on main (strict: when a
 #: page is fixed, its entry must go, so the list never hides a page that runs).
@@ -66,6 +68,9 @@ def test_the_collector_finds_blocks_and_their_lines(tmp_path: Path) -> None:
 def run_page(blocks: list[tuple[str, int, str]]) -> subprocess.CompletedProcess[str]:
     import json
 
+    timeout = max((PAGE_TIMEOUT_SECS.get(path, TIMEOUT_SECS) for path, _, _ in blocks),
+                  default=TIMEOUT_SECS)
+
     env = dict(os.environ)
     src = str(ROOT / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
@@ -76,7 +81,7 @@ def run_page(blocks: list[tuple[str, int, str]]) -> subprocess.CompletedProcess[
         env=env,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_SECS,
+        timeout=timeout,
         check=False,
     )
 
