@@ -21,6 +21,7 @@ from rateloop.admission.backends.keys import history_key, history_scope_of_key, 
 from rateloop.admission.history import (
     HISTORY_MINUTES,
     MemoryHistory,
+    Usage,
     check_minutes,
     minute_of,
     scope_history,
@@ -183,8 +184,8 @@ def test_the_history_sink_counts_an_admission_wait_and_its_seconds() -> None:
 
 
 def test_history_keys_are_not_scopes_and_name_their_scope() -> None:
-    key = history_key("p:", SCOPE, 29_000_000)
-    assert key == "p:{openai:gpt-5}:h:openai:gpt-5:proj:29000000"
+    key = history_key("p:", SCOPE, 483_333)  # an epoch hour: one hash per scope and hour
+    assert key == "p:{openai:gpt-5}:h:openai:gpt-5:proj:483333"
     assert history_scope_of_key("p:", key) == SCOPE
     assert history_scope_of_key("p:", key_of("p:", "s", SCOPE)) is None
     assert history_scope_of_key("p:", "p:{openai:gpt-4}:h:openai:gpt-5:proj:1") is None
@@ -225,8 +226,17 @@ def test_the_redis_scripts_and_the_event_sink_write_the_history(
         last = h.minutes[-1]
         assert last.usage["requests"].limit == 600 and last.usage["requests_per_day"].limit == 1000
         keys = list(client.scan_iter(match=f"{redis_prefix}{{*}}:h:*"))
-        # Each expires a day after its minute ends (that minute may be over already).
-        assert keys and all(86_400 - 120 < client.ttl(k) <= 86_400 + 60 for k in keys)
+        # One hash per scope and hour (two if the test crossed an hour), expiring a day
+        # after its hour ends; in it a field per minute (the record) and the loop's counts.
+        assert 1 <= len(keys) <= 2
+        now = float(client.time()[0])
+        for k in keys:
+            ends = (int(k.rsplit(":", 1)[1]) + 1) * 3600 + 86_400
+            assert abs(client.ttl(k) - (ends - now)) <= 2
+            for name, value in client.hgetall(k).items():
+                minute, _, count = name.partition(":")
+                assert 0 <= int(minute) < 60 and count in ("", "r", "w", "ws")
+                assert count or value.split()[0::2][:1] == ["a"]  # a record: "a N u:... N ..."
         # A scope whose state expired is still listed while its history is kept.
         client.delete(key_of(redis_prefix, "s", SCOPE))
         assert SCOPE in [s.scope for s in reader.read().scopes]
@@ -235,6 +245,66 @@ def test_the_redis_scripts_and_the_event_sink_write_the_history(
         reader.close()
         sink.close()
         limiter.close()
+
+
+HISTORY_LUA = """
+local ops = cjson.decode(ARGV[2])
+history(KEYS[1], tonumber(ARGV[1]), ops, 86400)
+return 1
+"""
+
+
+@pytest.mark.redis
+def test_the_scripts_history_packs_a_record_per_minute_in_a_hash_per_hour(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """_common.lua's ``history``, the one writer of every script, run at chosen times."""
+    import redis
+
+    from rateloop.admission.backends.scripts import _common
+    from rateloop.observe.history import read_redis_history
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    write = client.register_script(_common() + HISTORY_LUA)
+    base = key_of(redis_prefix, "h", SCOPE)
+    hour = int(client.time()[0]) // 3600
+    t0 = hour * 3600 + 58 * 60 + 5.25  # minute 58 of this hour; then 59, then the next's 0
+    try:
+        for at, ops in [
+            (t0, ["+", "a", 1, "+", "u:requests", 1, "=", "L:requests", 600]),
+            (t0 + 1, ["+", "a", 1, "+", "u:requests", 2.5, "=", "L:requests", 300]),
+            (t0 + 2, ["+", "p", 1, "<", "ps", t0 + 2, ">", "pu", t0 + 40]),
+            (t0 + 3, ["+", "p", 1, "<", "ps", t0 + 3, ">", "pu", t0 + 20]),
+            (t0 + 60, ["+", "a", 1, "=", "c:concurrency", 2]),
+            (t0 + 120, ["+", "a", 1, "+", "u:requests", -1]),
+        ]:
+            write(keys=[base], args=[repr(at), json.dumps(ops)])
+        assert client.hgetall(f"{base}:{hour}") == {
+            "58": f"a 2 u:requests 3.5 L:requests 300 p 2 ps {t0 + 2!r} pu {t0 + 40!r}",
+            "59": "a 1 c:concurrency 2",
+        }
+        assert client.hgetall(f"{base}:{hour + 1}") == {"0": "a 1 u:requests -1"}
+        # Each hour's hash expires a day after that hour ends.
+        now = float(client.time()[0])
+        for h in (hour, hour + 1):
+            assert abs(client.ttl(f"{base}:{h}") - ((h + 1) * 3600 + 86_400 - now)) <= 2
+        # The loop's counts in the same hash, as the event sink writes them.
+        client.hincrby(f"{base}:{hour}", "59:r", 2)
+        # A window across the two hours: the minutes in it, and only those.
+        two = read_redis_history(client, redis_prefix, [SCOPE], 2, t0 + 120)[SCOPE]
+        assert [(m.at.minute, m.admissions, m.refusals) for m in two.minutes] == [
+            (59, 1, 2), (0, 1, 0)
+        ]  # fmt: skip
+        assert two.pauses == ()
+        three = read_redis_history(client, redis_prefix, [SCOPE], 3, t0 + 120)[SCOPE]
+        first = three.minutes[0]
+        assert (first.admissions, first.pauses, first.usage["requests"]) == (
+            2, 2, Usage(used=3.5, limit=300.0)
+        )  # fmt: skip
+        assert [(a.timestamp(), b.timestamp()) for a, b in three.pauses] == [(t0 + 2, t0 + 40)]
+    finally:
+        client.delete(f"{base}:{hour}", f"{base}:{hour + 1}")
+        client.close()
 
 
 @pytest.mark.redis

@@ -23,11 +23,21 @@ The limiter writes what it sees in the same step as the admission (``a``,
 ``u``, ``c``, ``L``; a settle's refund; a pause: ``p``, ``ps``, ``pu``): in
 Redis inside the admission script itself, so no round trip is added.  What
 only the loop knows -- a refusal, an admission wait, a fallback -- comes from
-its events (:mod:`rateloop.observe.history`).  Redis keeps a minute as a
-hash ``{prefix}{provider:model}:h:{scope}:{minute}`` that expires 24 h after
-the minute ends (:mod:`.backends.keys`); :class:`MemoryHistory` keeps a
-bounded deque per scope.  :func:`scope_history` reads records back into a
-:class:`ScopeHistory`.
+its events (:mod:`rateloop.observe.history`).
+
+Redis keeps one hash per scope and *hour*, ``{prefix}{provider:model}:h:{scope}:{epoch
+hour}`` (:mod:`.backends.keys`), expiring 24 h after its hour ends: 24 or 25
+keys per scope, not 1,440.  In it each minute of the hour (``0`` to ``59``)
+has one field, the limiter's record packed as ``"name value name value
+..."`` (written by ``_common.lua``'s ``history``: one ``HGET``, one ``HSET``),
+and the loop's counts have their own fields ``<minute>:<name>`` (``7:r``), so
+the event sink adds them with ``HINCRBY`` in the pipeline it already sends.
+One field per minute keeps an hour's hash small: at most 60 records plus the
+rare loop counts, so a busy hour stays a listpack, or becomes a hashtable of
+~60 entries when a record is longer than ``hash-max-listpack-value`` (64
+bytes): either way cheap to update.  :func:`hour_records` unpacks it.
+:class:`MemoryHistory` keeps a bounded deque of flat records per scope.
+:func:`scope_history` reads records back into a :class:`ScopeHistory`.
 """
 
 from __future__ import annotations
@@ -47,13 +57,16 @@ __all__ = [
     "ScopeHistory",
     "Usage",
     "check_minutes",
+    "hour_field",
+    "hour_of",
+    "hour_records",
     "minute_of",
     "scope_history",
 ]
 
 #: How many minutes a scope's history keeps (24 h).
 HISTORY_MINUTES = 1440
-#: How long past its end a minute's record lives in Redis (``EXPIREAT``).
+#: How long past its hour's end a scope's hour of history lives in Redis (``EXPIREAT``).
 HISTORY_TTL_SECONDS = HISTORY_MINUTES * 60
 
 _COUNTS = {"a": "admissions", "r": "refusals", "w": "waits", "p": "pauses", "f": "fallbacks"}
@@ -64,10 +77,50 @@ def minute_of(wall: float) -> int:
     return int(wall // 60)
 
 
+def hour_of(minute: int) -> int:
+    """The epoch hour of an epoch minute: its history hash in Redis (one per scope and hour)."""
+    return minute // 60
+
+
+def hour_field(minute: int, name: str | None = None) -> str:
+    """The field of ``minute`` in its hour's hash: the record, or one count ``name``.
+
+    >>> hour_field(29000007), hour_field(29000007, "r")
+    ('27', '27:r')
+    """
+    at = str(minute % 60)
+    return at if name is None else f"{at}:{name}"
+
+
+def hour_records(hour: int, fields: Mapping[str, str]) -> list[tuple[int, dict[str, str]]]:
+    """The ``(epoch minute, flat record)`` pairs of a scope's hash for epoch ``hour``.
+
+    A field ``"<minute>"`` holds the limiter's record, ``"name value ..."``;
+    ``"<minute>:<name>"`` one of the loop's counts.  A malformed field is skipped.
+
+    >>> hour_records(483333, {"7": "a 3 u:requests 3 L:requests 600", "7:r": "1", "x": "?"})
+    [(28999987, {'a': '3', 'u:requests': '3', 'L:requests': '600', 'r': '1'})]
+    """
+    minutes: dict[int, dict[str, str]] = {}
+    for key, value in fields.items():
+        at, sep, name = str(key).partition(":")
+        if not at.isdigit() or int(at) >= 60 or (sep and not name):
+            continue
+        record = minutes.setdefault(hour * 60 + int(at), {})
+        if sep:
+            record[name] = str(value)
+            continue
+        words = str(value).split()
+        record.update(zip(words[0::2], words[1::2], strict=False))
+    return sorted(minutes.items())
+
+
 def check_minutes(minutes: object, *, key: str = "minutes") -> int:
     """``minutes`` as a history window, or a clear ``ValueError``."""
-    if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= (
-        HISTORY_MINUTES
+    if (
+        isinstance(minutes, bool)
+        or not isinstance(minutes, int)
+        or not 1 <= minutes <= (HISTORY_MINUTES)
     ):
         raise ValueError(
             f"{key} must be a whole number of minutes from 1 to {HISTORY_MINUTES}, got {minutes!r}"

@@ -16,7 +16,7 @@ under the route that refused).  Two sinks write them:
   own (``limiter.backend.history``).
 
 :func:`read_redis_history` reads the last minutes of some scopes with one
-pipelined ``HGETALL`` per scope and minute: no scan.
+pipelined ``HGETALL`` per scope and hour (two for the last 60 minutes): no scan.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from rateloop.admission.history import (
     MemoryHistory,
     ScopeHistory,
     check_minutes,
+    hour_field,
+    hour_of,
+    hour_records,
     minute_of,
     scope_history,
 )
@@ -61,16 +64,21 @@ def event_counts(event: CapacityEvent, capacity: str | None) -> Counts:
 
 
 def history_writes(pipe: Any, prefix: str, counts: Counts, wall: float) -> None:
-    """Queue ``counts`` for the minute of ``wall`` on a redis-py pipeline (no round trip)."""
+    """Queue ``counts`` for the minute of ``wall`` on a redis-py pipeline (no round trip).
+
+    Each count is its own field of the scope's hour hash (``<minute>:<name>``),
+    so ``HINCRBY`` adds it without reading the minute's record.
+    """
     minute = minute_of(wall)
+    hour = hour_of(minute)
     for scope, fields in counts:
-        key = history_key(prefix, scope, minute)
+        key = history_key(prefix, scope, hour)
         for name, n in fields.items():
             if float(n).is_integer():
-                pipe.hincrby(key, name, int(n))
+                pipe.hincrby(key, hour_field(minute, name), int(n))
             else:
-                pipe.hincrbyfloat(key, name, n)
-        pipe.expireat(key, (minute + 1) * 60 + HISTORY_TTL_SECONDS)
+                pipe.hincrbyfloat(key, hour_field(minute, name), n)
+        pipe.expireat(key, (hour + 1) * 3600 + HISTORY_TTL_SECONDS)
 
 
 class HistorySink(MetricSink):
@@ -117,19 +125,28 @@ def read_redis_history(
 ) -> dict[str, ScopeHistory]:
     """The last ``minutes`` (the minute of ``now`` included) of each of ``scopes``.
 
-    One pipelined ``HGETALL`` per scope and minute.
+    One pipelined ``HGETALL`` per scope and hour the window touches (1 or 2
+    for up to 60 minutes, 25 for a day).
     """
     check_minutes(minutes)
     last = minute_of(now)
-    wanted = list(range(last - minutes + 1, last + 1))
+    first = last - minutes + 1
+    hours = list(range(hour_of(first), hour_of(last) + 1))
     names = list(dict.fromkeys(scopes))
     pipe = client.pipeline(transaction=False)
     for scope in names:
-        for minute in wanted:
-            pipe.hgetall(history_key(prefix, scope, minute))
+        for hour in hours:
+            pipe.hgetall(history_key(prefix, scope, hour))
     replies = pipe.execute()
     out: dict[str, ScopeHistory] = {}
     for i, scope in enumerate(names):
-        rows = replies[i * len(wanted) : (i + 1) * len(wanted)]
-        out[scope] = scope_history(scope, zip(wanted, rows, strict=True))
+        rows = [
+            (minute, record)
+            for hour, fields in zip(
+                hours, replies[i * len(hours) : (i + 1) * len(hours)], strict=True
+            )
+            for minute, record in hour_records(hour, fields)
+            if first <= minute <= last
+        ]
+        out[scope] = scope_history(scope, rows)
     return out

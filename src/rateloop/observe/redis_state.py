@@ -179,7 +179,7 @@ class RedisStateReader:
         """Each scope's last ``minutes`` of history (:mod:`rateloop.admission.history`).
 
         ``scopes``: those of :meth:`read` when None; ``now``: Redis's TIME when None.
-        One pipelined ``HGETALL`` per scope and minute.
+        One pipelined ``HGETALL`` per scope and hour the window touches.
         """
         try:
             if scopes is None:

@@ -154,21 +154,10 @@ if lease_id ~= '-' then
   keep(z, r$i)
 end
 
---@hist_head
--- The history (rateloop/admission/history.py): this minute's hash of each scope checked,
--- the scope's history base (in KEYS) .. ':' .. minute, read and written once, expiring a
--- day after the minute ends.
-local hmin = math.floor(now / 60)
-local hm, hx = ':' .. hmin, (hmin + 1) * 60 + $keep
-
 --@hist
--- the history of scope $s: one admission, its units and the limits in force
-do
-  local hk = KEYS[$h] .. hm
-  local hv = redis.call('HMGET', hk, 'a'$fields)
-  redis.call('HSET', hk, 'a', (tonumber(hv[1]) or 0) + 1$pairs)
-  if not hv[1] then redis.call('EXPIREAT', hk, hx) end
-end
+-- the history of scope $s (rateloop/admission/history.py): one admission, its units and
+-- the limits in force
+history(KEYS[$h], now, {'+', 'a', 1$ops}, $keep)
 
 --@reply
 if wait > 0 then return {1, now_us, fmt(wait), ru} end

@@ -11,8 +11,8 @@ key ``S`` whose ``provider:model`` is ``R`` (``prefix`` defaults to
     {prefix}{R}:l:{S}   sorted set: the concurrency leases held in scope S, scored by
                         expiry (a call holds its lease in every scope with a limit)
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
-    {prefix}{R}:h:{S}:{M}  hash: scope S's history for epoch minute M, expiring 24 h after
-                        the minute ends (rateloop.admission.history: the fields)
+    {prefix}{R}:h:{S}:{H}  hash: scope S's history for epoch hour H, a field per minute,
+                        expiring 24 h after the hour ends (rateloop.admission.history)
     {prefix}events      stream: the loop's events (``RedisEventSink``)
     {prefix}events:notable  stream: the notable ones again (pauses, fallbacks, skips,
                         stops), capped apart so routine admissions never push them out
@@ -44,7 +44,7 @@ STATE = "s"
 LEASES = "l"
 #: The hash of the limits learned from the provider's headers.
 LEARNED = "k"
-#: The per-minute history hashes of a scope (``key_of(prefix, HISTORY, scope)`` + ``:{minute}``).
+#: The per-hour history hashes of a scope (``key_of(prefix, HISTORY, scope)`` + ``:{hour}``).
 HISTORY = "h"
 #: The key kinds of one scope: state hash, lease set, learned limits.
 KINDS = (STATE, LEASES, LEARNED)
@@ -73,23 +73,23 @@ def scope_of_key(prefix: str, key: str) -> tuple[str, str] | None:
     return kind, scope
 
 
-def history_key(prefix: str, scope: str, minute: int) -> str:
-    """The history hash of ``scope`` for one epoch minute.
+def history_key(prefix: str, scope: str, hour: int) -> str:
+    """The history hash of ``scope`` for one epoch hour (a field per minute).
 
-    >>> history_key("rateloop:", "openai:gpt-5:proj-1", 29000000)
-    'rateloop:{openai:gpt-5}:h:openai:gpt-5:proj-1:29000000'
+    >>> history_key("rateloop:", "openai:gpt-5:proj-1", 483333)
+    'rateloop:{openai:gpt-5}:h:openai:gpt-5:proj-1:483333'
     """
-    return f"{key_of(prefix, HISTORY, scope)}:{minute}"
+    return f"{key_of(prefix, HISTORY, scope)}:{hour}"
 
 
 def history_scope_of_key(prefix: str, key: str) -> str | None:
     """The scope of a history hash under ``prefix`` (:func:`history_key`), or None.
 
-    >>> history_scope_of_key("rateloop:", "rateloop:{openai:gpt-5}:h:openai:gpt-5:p:29000000")
+    >>> history_scope_of_key("rateloop:", "rateloop:{openai:gpt-5}:h:openai:gpt-5:p:483333")
     'openai:gpt-5:p'
     """
-    base, sep, minute = key.rpartition(":")
-    if not sep or not minute.isdigit():
+    base, sep, hour = key.rpartition(":")
+    if not sep or not hour.isdigit():
         return None
     parsed = scope_of_key(prefix, base.replace(f"}}:{HISTORY}:", f"}}:{STATE}:", 1))
     if parsed is None or key_of(prefix, HISTORY, parsed[1]) != base:

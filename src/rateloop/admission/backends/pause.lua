@@ -1,7 +1,7 @@
 -- Pause a scope until server-now + seconds (never shortens a longer pause).
 -- KEYS[1]: the scope's state hash; KEYS[2], when the history is kept: the base of its
--- per-minute history hashes (rateloop/admission/history.py).  ARGV: seconds, reason, and
--- with KEYS[2] the seconds a history hash outlives its minute.  Returns {now, until}.
+-- per-hour history hashes (rateloop/admission/history.py).  ARGV: seconds, reason, and
+-- with KEYS[2] the seconds a history hash outlives its hour.  Returns {now, until}.
 local now = clock()
 local seconds = tonumber(ARGV[1])
 local untl = now + seconds
@@ -15,12 +15,6 @@ redis.call('HSET', KEYS[1], unpack(list))
 if ms then redis.call('PEXPIRE', KEYS[1], ms) end
 if KEYS[2] then
   -- the history: a pause begun this minute, its start (the first) and its end (the latest)
-  local hmin = math.floor(now / 60)
-  local hk = KEYS[2] .. ':' .. hmin
-  local pu = num(redis.call('HGET', hk, 'pu'), 0)
-  redis.call('HINCRBY', hk, 'p', 1)
-  redis.call('HSETNX', hk, 'ps', fmt(now))
-  redis.call('HSET', hk, 'pu', fmt(math.max(pu, untl)))
-  redis.call('EXPIREAT', hk, (hmin + 1) * 60 + tonumber(ARGV[3]))
+  history(KEYS[2], now, {'+', 'p', 1, '<', 'ps', now, '>', 'pu', untl}, tonumber(ARGV[3]))
 end
 return {fmt(now), fmt(untl)}

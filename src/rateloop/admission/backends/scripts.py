@@ -66,9 +66,12 @@ class Script(NamedTuple):
 
 def script_text(name: str) -> str:
     """The text of the shipped script ``{name}.lua``, ``_common.lua`` first."""
-    return _common() + "\n" + resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(
-        encoding="utf-8"
+    return (
+        _common()
+        + "\n"
+        + resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
     )
+
 
 #: (number of scopes, the scope index (from 1) of each lease set in KEYS order,
 #: per check (scope index from 1, field, kind, scaled)).
@@ -194,27 +197,30 @@ def _history_sections(
     nscopes: int,
     base: int,
 ) -> str:
-    """admit.lua's history writes: per scope checked, one HMGET and one HSET (``$h``: its base)."""
-    out = [sec["hist_head"].substitute(keep=HISTORY_TTL_SECONDS)]
+    """admit.lua's history writes: per scope checked, one ``history`` call (``$h``: its base).
+
+    Each adds one admission and its units to the minute's record and sets the
+    limits in force (``_common.lua``'s ``history``: one HGET, one HSET).
+    """
+    out = []
     for s in range(1, nscopes + 1):
-        mine = [(i, field, kind) for i, (cs, field, kind, _) in enumerate(checks) if cs == s]
-        if not mine:
-            continue
-        fields, pairs = [], []
-        for i, field, kind in mine:
-            if kind == CheckKind.LEASE.value:
-                pairs.append(f", 'c:{field}', zc{i} + 1, 'L:{field}', al{i}")
+        ops = []
+        for i, (cs, field, kind, _) in enumerate(checks):
+            if cs != s:
                 continue
-            fields.append(f", 'u:{field}'")
-            used = f"(tonumber(hv[{1 + len(fields)}]) or 0) + am{i}"
-            if kind == CheckKind.BUCKET.value:  # per minute, at the rate in force
-                pairs.append(f", 'u:{field}', {used}, 'L:{field}', r{i} * 60")
+            if kind == CheckKind.LEASE.value:
+                ops.append(f", '=', 'c:{field}', zc{i} + 1, '=', 'L:{field}', al{i}")
+            elif kind == CheckKind.BUCKET.value:  # per minute, at the rate in force
+                ops.append(f", '+', 'u:{field}', am{i}, '=', 'L:{field}', r{i} * 60")
             else:
-                day = f"'c:{field}', n{i} + am{i}, 'L:{field}', al{i}"
-                pairs.append(f", 'u:{field}', {used}, {day}")
-        out.append(
-            sec["hist"].substitute(s=s, h=base + s, fields="".join(fields), pairs="".join(pairs))
-        )
+                ops.append(
+                    f", '+', 'u:{field}', am{i}, '=', 'c:{field}', n{i} + am{i}, "
+                    f"'=', 'L:{field}', al{i}"
+                )
+        if ops:
+            out.append(
+                sec["hist"].substitute(s=s, h=base + s, ops="".join(ops), keep=HISTORY_TTL_SECONDS)
+            )
     return "".join(out)
 
 

@@ -55,12 +55,7 @@ redis.call('ZREM', KEYS[$z], ARGV[3])
 
 --@hist
 -- the history of scope $s (rateloop/admission/history.py): bucket '$F' settled by its delta
-if tonumber(ARGV[$a + 1]) ~= 0 then
-  local hmin = math.floor(now / 60)
-  local hk = KEYS[$h] .. ':' .. hmin
-  redis.call('HINCRBYFLOAT', hk, 'u:$F', ARGV[$a + 1])
-  redis.call('EXPIREAT', hk, (hmin + 1) * 60 + $keep)
-end
+if tonumber(ARGV[$a + 1]) ~= 0 then history(KEYS[$h], now, {'+', 'u:$F', ARGV[$a + 1]}, $keep) end
 
 --@reply
 if ru ~= '' then return {now_us, ru} end
