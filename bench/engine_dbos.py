@@ -218,8 +218,8 @@ def run_variant(variant: str, workload: Workload, args: argparse.Namespace
                               range(workload.calls)))
             enqueued = time.time() - (provider.began or time.time())
             results = log.wait_all(workload.calls, timeout=args.timeout)
-            row = summarize(f"dbos + {'rateloop' if variant == 'rateloop' else 'queue limiter alone'}",
-                            workload, provider, results)
+            name = "dbos + rateloop" if variant == "rateloop" else "dbos queue limiter alone"
+            row = summarize(name, workload, provider, results)
             durable = sum(float(v) for v in shared.hvals(keys["durable"]))
             extra = {"engine variant": row["engine variant"],
                      "worker_s_asleep (in steps)": row["worker_s_asleep"],
