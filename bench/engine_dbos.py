@@ -14,8 +14,8 @@ process enqueues the calls with a ``DBOSClient`` as soon as the workers are up.
 
 - ``rateloop``: each workflow runs its call through ``call_step`` (a ``RateLoop`` whose
   admission is shared by the four workers in Redis, the provider's limits configured, pause
-  limit 5 s); the queue's limiter comes from the same limits (``queue_limits``: 50 starts per
-  5 s).  Waits beyond the pause limit are durable ``DBOS.sleep``\\ s between rounds.
+  limit 5 s); the queue's limiter comes from the same limits (``queue_limits``: 10 starts a
+  second).  Waits beyond the pause limit are durable ``DBOS.sleep``\\ s between rounds.
 - ``alone``: DBOS's tools alone: the queue's limiter at the provider's rate,
   ``{"limit": 10, "period": 1}``, and the call as a ``@DBOS.step`` with retries
   (``interval_seconds=1, backoff_rate=2, max_attempts=8``: 127 s of retries, enough to outlast

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from dbos import DBOS, Queue
 
@@ -17,6 +17,7 @@ from rateloop.policy import Policy
 from rateloop.route import Route
 
 __all__ = [
+    "KnowsLimits",
     "QueueLimits",
     "QueueRateLimit",
     "queue_limits",
@@ -31,6 +32,12 @@ class QueueRateLimit(TypedDict):
 
     limit: int
     period: float
+
+
+class KnowsLimits(Protocol):
+    """What :func:`queue_limits` reads of a limiter: the limits in force in a scope."""
+
+    def limits_for(self, scope: str) -> LimitSpec | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,28 +62,29 @@ _DAY_SECS = 86_400.0
 def _window(spec: LimitSpec, share: float, calls: int) -> tuple[float, int, float] | None:
     """(workflows a second, limit, period) of one scope's request limits, or None."""
     if spec.requests_per_minute is not None:
+        # The sustained rate, about a second at a time (``limit`` starts every ``limit / rate``
+        # seconds, at least one second: DBOS polls a queue about once a second), not the
+        # provider's bucket (``burst``): a workflow the queue holds back waits ENQUEUED and
+        # holds nothing, while one started in a burst waits for admission inside its step.
         rate = spec.requests_per_minute * share / 60.0 / calls
-        # The provider's bucket: ``burst`` of a minute at once, else one second of the rate.
-        period = spec.burst * 60.0 if spec.burst is not None else 1.0
-    elif spec.requests_per_day is not None:
-        rate, period = spec.requests_per_day * share / _DAY_SECS / calls, _DAY_SECS
-    else:
-        return None
-    limit = math.floor(rate * period + 1e-9)
-    if limit < 1:  # less than one workflow a window: one per 1/rate seconds
-        return rate, 1, 1.0 / rate
-    return rate, limit, period
+        limit = max(1, math.ceil(rate - 1e-9))
+        return rate, limit, math.ceil(limit / rate * 1000 - 1e-6) / 1000
+    if spec.requests_per_day is not None:  # a count, not a pace: a rolling day
+        limit = max(1, math.floor(spec.requests_per_day * share / calls))
+        return limit / _DAY_SECS, limit, _DAY_SECS
+    return None
 
 
-def queue_limits(known: Policy | Any, route: Route, *, calls_per_workflow: int = 1,
+def queue_limits(known: Policy | KnowsLimits, route: Route, *, calls_per_workflow: int = 1,
                  share: float = 1.0) -> QueueLimits:
     """The queue limits that keep ``route`` within what ``known`` says of it.
 
     ``known`` is a :class:`~rateloop.Policy` (its configured ``[limits]``) or a
     :class:`~rateloop.admission.Limiter` (``limits_for``: configured, else learned).  Every
     scope of the route counts and the tightest binds.  The request rate becomes the
-    limiter: the provider's bucket (``burst`` of a minute, else one second) of requests per
-    that window; without a per-minute limit, the day's requests per rolling day.
+    limiter: ``limit`` starts per ``period``, about a second's requests (one start per
+    ``1/rate`` seconds below one a second); without a per-minute limit, the day's requests
+    per rolling day.
     ``calls_per_workflow``: model calls each workflow of the queue makes; ``share``: the
     fraction of the route's limits this queue may use (0 < share <= 1).
     """
@@ -111,7 +119,7 @@ def queue_limits(known: Policy | Any, route: Route, *, calls_per_workflow: int =
             mine = max(1, math.floor(spec.concurrency * share))
             concurrency = mine if concurrency is None else min(concurrency, mine)
     limiter: QueueRateLimit | None = (
-        None if best is None else {"limit": best[1], "period": round(best[2], 3)}
+        None if best is None else {"limit": best[1], "period": best[2]}
     )
     return QueueLimits(limiter, concurrency, scope_of_best)
 

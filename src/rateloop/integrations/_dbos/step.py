@@ -186,6 +186,8 @@ def call_step(fn: Callable[..., T], *, loop: RateLoop, route: Route,
 
     ``options`` are :meth:`RateLoop.call`'s (``cost``, ``idempotency_key``, ``fallbacks``,
     ...).  Returns a :class:`StepResult`; raises :class:`StepGaveUp` on a terminal outcome.
+    ``fn``'s value is checkpointed by DBOS, so it must be one DBOS's serializer stores (the
+    default pickles it): return the text or the parsed body, not an open response.
     """
     _check_call("call_step", loop, RateLoop, route, name, options)
     flow, reply = _rounds(), None
