@@ -481,3 +481,45 @@ def test_a_worker_whose_broker_is_down_exits_with_one_message(tmp_path: Path) ->
     log = workers.logs()
     assert proc.returncode != 0
     assert log.count("cannot be reached") == 1 and "start RabbitMQ" in log, log
+
+
+@pytest.mark.redis
+def test_redis_a_write_another_delivery_keeps_taking_over_is_not_run(
+    write_keys: WriteKeys
+) -> None:
+    eager, effects = Eager(Policy()), []
+    holder = ["a-worker-that-died"]
+
+    def check(ctx: StepContext, route: Route) -> bool:
+        # While this delivery asks, a duplicate delivery takes the mark over, every time.
+        taken = f"duplicate-{len(holder)}"
+        assert write_keys.take_over(ctx.idempotency_key, holder[-1], taken)
+        holder.append(taken)
+        return False
+
+    write_keys.begin("order-4", holder[0])
+    result = _writer(eager, write_keys, effects, check).apply(args=(4,), task_id="order-4")
+    assert result.state == "FAILURE" and result.result.status == "needs_operator"
+    assert "at the same time" in result.result.reason
+    assert effects == []
+
+
+def test_a_retry_that_cannot_be_published_is_requeued_not_dropped(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery.exceptions import Reject
+
+    eager = Eager(Policy.from_dict({"pause_limit_secs": 5}))
+
+    def ask(route: Route) -> str:
+        raise _status_error(429, **{"retry-after": "60"})
+
+    task = eager.task(ask)
+
+    def unpublishable(**options: Any) -> Any:
+        raise Reject("the broker is down", requeue=False)  # what Celery's retry raises then
+
+    monkeypatch.setattr(task, "retry", unpublishable)
+    result = task.apply()
+    assert result.state == "REJECTED"
+    assert isinstance(result.result, Reject) and result.result.requeue is True

@@ -85,7 +85,11 @@ from rateloop.integrations._celery.keys import WriteKeys
 __all__ = [
     "WORKER_SETTINGS",
     "BrokerUnreachable",
+    "EngineVerdict",
+    "Finish",
+    "GiveUp",
     "RateLoopTask",
+    "RetryLater",
     "TaskGaveUp",
     "WriteKeys",
     "check_engine",
