@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +26,7 @@ import pytest
 import redis
 from celery import Celery
 
+from _celery_workers import Workers, client_app, deliveries, free_port
 from rateloop import Policy, RateLoop, Route
 from rateloop.admission import Limiter
 from rateloop.integrations._engine import EngineVerdict, Finish, GiveUp, RetryLater
@@ -55,12 +54,6 @@ def _status_error(status: int, **headers: str) -> httpx.HTTPStatusError:
                        "code": "empty_array"}})
     response = httpx.Response(status, headers=headers, request=request, json=body)
     return httpx.HTTPStatusError(f"{status}", request=request, response=response)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Eager:
@@ -271,7 +264,7 @@ def test_redis_a_refused_write_clears_its_mark(write_keys: WriteKeys) -> None:
 
 
 def test_an_unreachable_broker_is_one_error_naming_what_to_start() -> None:
-    port = _free_port()
+    port = free_port()
     for url, server in ((f"amqp://guest:secret@127.0.0.1:{port}//", "RabbitMQ"),
                         (f"redis://127.0.0.1:{port}/0", "Redis")):
         app = Celery("down", broker=url, backend="cache+memory://")
@@ -290,7 +283,7 @@ def test_an_unreachable_broker_is_one_error_naming_what_to_start() -> None:
 
 @pytest.mark.redis
 def test_redis_an_unreachable_result_backend_is_named(redis_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     app = Celery("down", broker=redis_url, backend=f"redis://127.0.0.1:{port}/0")
     with pytest.raises(BrokerUnreachable, match=f"result backend .*:{port}.*start Redis"):
         check_engine(app, timeout=1.0)
@@ -299,70 +292,12 @@ def test_redis_an_unreachable_result_backend_is_named(redis_url: str) -> None:
 # --- real workers -------------------------------------------------------------------------
 
 
-class Workers:
-    """Real ``celery worker`` processes (each its own process group); stop() ends them all."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        self.tmp, self.env = tmp, {**os.environ, "PYTHONPATH": f"{SRC}:{TESTS}", **env}
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
-        n = len(self.procs)
-        with open(self.tmp / f"worker-{n}.log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "celery_app", "worker",
-                 f"--concurrency={concurrency}", "--pool=prefork", "--loglevel=INFO",
-                 "-n", f"w{n}-{uuid.uuid4().hex[:6]}@%h", "-Q", self.env["RATELOOP_CELERY_QUEUE"],
-                 "--without-gossip", "--without-mingle", "--without-heartbeat"],
-                cwd=self.tmp, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:]
-                         for p in sorted(self.tmp.glob("worker-*.log")))
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-
-
 @pytest.fixture
 def engine_env(redis_url: str, redis_prefix: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {"RATELOOP_CELERY_PREFIX": redis_prefix, "RATELOOP_CELERY_REDIS": redis_url,
            "RATELOOP_CELERY_BACKEND": redis_url, "RATELOOP_CELERY_BROKER": redis_url,
            "RATELOOP_CELERY_QUEUE": f"rateloop-test-{uuid.uuid4().hex[:8]}"}
     yield env
-
-
-def _client_app(env: dict[str, str]) -> Any:
-    """tests/celery_app.py as the test's producer (its env set first)."""
-    os.environ.update(env)
-    sys.path.insert(0, str(TESTS))
-    try:
-        import importlib
-
-        import celery_app
-
-        return importlib.reload(celery_app)
-    finally:
-        sys.path.remove(str(TESTS))
-
-
-def _deliveries(redis_url: str, prefix: str, task_id: str) -> list[dict[str, Any]]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return [json.loads(x) for x in client.lrange(prefix + "deliveries:" + task_id, 0, -1)]
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -383,7 +318,7 @@ def test_redis_real_workers_share_admission_and_hand_long_waits_to_celery(
     fake = FakeProvider(profile="openai", rpm=30, burst_seconds=2)
     with FakeProviderServer(fake) as server:
         env = {**engine_env, "RATELOOP_CELERY_PROVIDER": server.url + "/v1"}
-        capp = _client_app(env)
+        capp = client_app(env)
         workers = Workers(tmp_path, env)
         try:
             workers.start()
@@ -402,7 +337,7 @@ def test_redis_real_workers_share_admission_and_hand_long_waits_to_celery(
         assert refused.result.status == "invalid"
         handed_back = 0
         for r in results:
-            seen = _deliveries(redis_url, env["RATELOOP_CELERY_PREFIX"], r.id)
+            seen = deliveries(redis_url, env["RATELOOP_CELERY_PREFIX"], r.id)
             assert seen[-1]["verdict"] == "Finish"
             for d in seen:  # nothing slept inside a task beyond the pause limit
                 assert d["waited"] <= 1.0 + 0.05, seen
@@ -421,7 +356,7 @@ def test_rabbitmq_sigkilled_workers_lose_no_task_and_repeat_no_keyed_write(
 ) -> None:
     env = {**engine_env, "RATELOOP_CELERY_BROKER": rabbitmq_url}
     prefix = env["RATELOOP_CELERY_PREFIX"]
-    capp = _client_app(env)
+    capp = client_app(env)
     workers = Workers(tmp_path, env)
     die = {3: "after", 7: "before", 11: "after", 16: "after"}
     n = 24
@@ -469,7 +404,7 @@ def test_rabbitmq_sigkilled_workers_lose_no_task_and_repeat_no_keyed_write(
 
 
 def test_a_worker_whose_broker_is_down_exits_with_one_message(tmp_path: Path) -> None:
-    env = {"RATELOOP_CELERY_BROKER": f"amqp://guest:guest@127.0.0.1:{_free_port()}//",
+    env = {"RATELOOP_CELERY_BROKER": f"amqp://guest:guest@127.0.0.1:{free_port()}//",
            "RATELOOP_CELERY_QUEUE": "rateloop-test-down"}
     workers = Workers(tmp_path, env)
     started = time.monotonic()

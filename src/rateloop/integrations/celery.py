@@ -32,18 +32,14 @@ Install with ``pip install 'rateloop[celery]'``.
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from rateloop._clock import system_clock
 from rateloop._redact import redact
-from rateloop._url import url_scheme
 from rateloop.admission import Limiter
 from rateloop.errors import RateloopError
 from rateloop.integrations._engine import (
@@ -55,7 +51,6 @@ from rateloop.integrations._engine import (
     verdict,
 )
 from rateloop.loop import RateLoop
-from rateloop.loop.args import call_spec, check_policy
 from rateloop.outcome.record import Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Route
@@ -81,6 +76,7 @@ from rateloop.integrations._celery.engine import (
     unreachable_broker,
 )
 from rateloop.integrations._celery.keys import WriteKeys
+from rateloop.integrations._celery.settings import Settings, check_settings, class_hook
 
 __all__ = [
     "WORKER_SETTINGS",
@@ -98,9 +94,6 @@ __all__ = [
 ]
 
 logger = get_task_logger(__name__)
-
-#: Options of the loop's call a task may set (everything else of RateLoop.call is the task's own).
-CALL_OPTIONS = ("cost", "fallbacks", "operation", "priority", "deadline", "data_class")
 
 #: Celery options that would take the retries away from the loop, with the reason.
 _REFUSED = {
@@ -124,60 +117,6 @@ class TaskGaveUp(RateloopError):
 
     def __str__(self) -> str:
         return f"{self.status}: {self.reason}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Settings:
-    """A task's rateloop settings, checked."""
-
-    policy: Policy
-    route: Route
-    options: Mapping[str, Any]
-    write_keys: str | WriteKeys | None
-    outcome_check: Callable[[StepContext, Route], Any] | None
-    on_outcome: Callable[[Any, EngineVerdict], None] | None
-
-
-def _hook(cls: type, name: str) -> Any:
-    """A callable class attribute as given: ``app.task(on_outcome=fn)`` stores ``fn`` on the
-    task's class, where reading it through the task would bind it as a method."""
-    value = inspect.getattr_static(cls, name, None)
-    return value.__func__ if isinstance(value, staticmethod) else value
-
-
-def _settings(
-    *, route: object, policy: object, loop: object, idempotent: object, outcome_check: object,
-    write_keys: object, on_outcome: object, options: Mapping[str, Any],
-) -> _Settings:
-    """Check a task's rateloop arguments; a bad one raises naming it and what is allowed."""
-    if loop is not None and not isinstance(loop, RateLoop):
-        raise TypeError(f"loop must be a rateloop.RateLoop (Celery tasks are blocking), got "
-                        f"{type(loop).__name__}")
-    checked = loop.policy if isinstance(loop, RateLoop) else check_policy(policy)
-    unknown = sorted(set(options) - set(CALL_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown rateloop option(s) {', '.join(unknown)}; "
-                        f"allowed: {', '.join(CALL_OPTIONS)}")
-    spec = call_spec(checked, system_clock, route, options)  # raises with the reason
-    if not isinstance(idempotent, bool):
-        raise TypeError(f"idempotent must be True or False, got {idempotent!r}")
-    for name, hook in (("outcome_check", outcome_check), ("on_outcome", on_outcome)):
-        if hook is not None and not callable(hook):
-            raise TypeError(f"{name} must be a callable or None, got {type(hook).__name__}")
-    if write_keys is not None and not isinstance(write_keys, str | WriteKeys):
-        raise TypeError(f"write_keys must be a Redis URL or a WriteKeys, got {write_keys!r}")
-    if not idempotent and write_keys is None:
-        backend = checked.admission.backend
-        if url_scheme(backend) not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                "a write task (idempotent=False) records its keys in Redis: pass "
-                f"write_keys='redis://host:port/db' (the policy's admission backend is {backend!r})"
-            )
-        write_keys = backend
-    return _Settings(checked, spec.route, MappingProxyType(dict(options)),
-                     write_keys if not idempotent else None,
-                     outcome_check,  # type: ignore[arg-type]  # checked callable above
-                     on_outcome)  # type: ignore[arg-type]
 
 
 class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
@@ -233,7 +172,7 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
 
     # --- one delivery -------------------------------------------------------------------
 
-    def _call(self, loop: RateLoop, settings: _Settings, args: Sequence[Any],
+    def _call(self, loop: RateLoop, settings: Settings, args: Sequence[Any],
               kwargs: Mapping[str, Any], key: str | None,
               check: Callable[[Route], Any] | None = None) -> Outcome:
         fn = self.run
@@ -245,7 +184,7 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
                          idempotency_key=key, outcome_check=check, task_id=self.request.id,
                          **settings.options)
 
-    def _write(self, loop: RateLoop, settings: _Settings, keys: WriteKeys,
+    def _write(self, loop: RateLoop, settings: Settings, keys: WriteKeys,
                args: Sequence[Any], kwargs: Mapping[str, Any], key: str) -> Outcome:
         """A keyed write: run it at most once per key, whatever the deliveries."""
         token = f"{os.getpid()}:{uuid.uuid4().hex}"
@@ -295,7 +234,7 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
         return prepare_accept_content(  # type: ignore[no-untyped-call]
             conf.result_accept_content or conf.accept_content)
 
-    def _act(self, settings: _Settings, decided: EngineVerdict) -> Any:
+    def _act(self, settings: Settings, decided: EngineVerdict) -> Any:
         hook = settings.on_outcome
         if hook is not None:
             hook(self, decided)
@@ -321,21 +260,21 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
 
     # --- per worker process ---------------------------------------------------------------
 
-    def _resources(self) -> tuple[_Settings, RateLoop, WriteKeys | None]:
+    def _resources(self) -> tuple[Settings, RateLoop, WriteKeys | None]:
         """The settings, loop and key record of this process (built after a fork, once)."""
         cached = self.__dict__.get("_rateloop_cache")
         if cached is not None and cached[0] == os.getpid():
             return cached[1]  # type: ignore[no-any-return]
         with self._build_lock:
             cls = type(self)
-            settings = _settings(
+            settings = check_settings(
                 route=self.route, policy=self.policy, loop=self.loop,
-                idempotent=self.idempotent, outcome_check=_hook(cls, "outcome_check"),
-                write_keys=self.write_keys, on_outcome=_hook(cls, "on_outcome"),
+                idempotent=self.idempotent, outcome_check=class_hook(cls, "outcome_check"),
+                write_keys=self.write_keys, on_outcome=class_hook(cls, "on_outcome"),
                 options=self.call_options)
             loop = self.loop
             if loop is None:
-                limiter = _hook(cls, "limiter")
+                limiter = class_hook(cls, "limiter")
                 if limiter is None:
                     limiter = Limiter.from_policy(settings.policy)
                 elif callable(limiter) and not hasattr(limiter, "try_reserve"):
@@ -389,7 +328,7 @@ def rateloop_task(
     for name, why in _REFUSED.items():
         if name in celery_options:
             raise TypeError(f"rateloop_task does not take {name}=: {why}")
-    settings = _settings(route=route, policy=policy, loop=loop, idempotent=idempotent,
+    settings = check_settings(route=route, policy=policy, loop=loop, idempotent=idempotent,
                          outcome_check=outcome_check, write_keys=write_keys,
                          on_outcome=on_outcome, options=call_options or {})
 

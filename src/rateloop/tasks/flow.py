@@ -133,7 +133,10 @@ def _json_value(value: Any) -> Any:
 
 
 def earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
-    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now."""
+    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now.
+
+    Shared with the Celery integration (:mod:`rateloop.integrations.celery`), whose
+    redelivered writes are settled by the same rule."""
     routes = (step.route, *(step.fallbacks or ())) if step.route is not None else ()
     unknown = (f"unknown_outcome: step {step.name} (a write) may have taken effect in an "
                "earlier delivery")
