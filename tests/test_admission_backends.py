@@ -226,7 +226,16 @@ def test_redis_keys_are_prefixed_and_expire(redis_url: str, redis_prefix: str) -
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         tag = f"{redis_prefix}{{openai:gpt-5}}"  # every key of the route in one cluster slot
-        keys = sorted(client.scan_iter(match=f"{redis_prefix}*"))
+        found = sorted(client.scan_iter(match=f"{redis_prefix}*"))
+        # The history, a hash per hour: the admission's scope and the paused one, each
+        # expiring a day after its hour ends (rateloop.admission.history).
+        history = [k for k in found if k.startswith(f"{tag}:h:")]
+        assert {k.rsplit(":", 1)[0] for k in history} == {
+            f"{tag}:h:openai:gpt-5",
+            f"{tag}:h:openai:gpt-5:proj-1",
+        }
+        assert all(86_400_000 - 5_000 < client.pttl(k) <= (86_400 + 3_600) * 1_000 for k in history)
+        keys = [k for k in found if k not in history]
         assert keys == [
             f"{tag}:l:openai:gpt-5",
             f"{tag}:s:openai:gpt-5",

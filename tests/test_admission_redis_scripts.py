@@ -112,7 +112,7 @@ def test_plans_that_differ_only_in_limits_share_one_script(
     assert a.script == b.script  # one SHA: the limits are arguments, not part of the text
     assert a.shared != b.shared  # ... which differ
     other = shape_of(plans[0], {"openai:gpt-5": 1}, 1)
-    assert admit_script(other) == a.script.text
+    assert admit_script(other, history=True) == a.script.text  # the history is on by default
     backend.close()
 
 

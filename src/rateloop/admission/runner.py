@@ -175,7 +175,7 @@ class BackendRunner:
     def _local_backend(self) -> MemoryBackend:
         with self._lock:
             if self._local is None:
-                self._local = MemoryBackend(self._clock)
+                self._local = MemoryBackend(self._clock, history=False)
             return self._local
 
     def _shared_after_fallback(self, op: object) -> bool:

@@ -156,7 +156,9 @@ def _finish(
             body_wait, body_at, _ = body_reset(ev.data, ev.now)
             wait = body_wait if wait is None else wait
             reset_at = body_at if reset_at is None else reset_at
-        gone = exhausted(observed)
+        # A refusal of another capacity pool (flex) says nothing about the route's own
+        # windows: an empty one in its headers is no wait for it.
+        gone = exhausted(observed) if finding.scope is None else ()
         if kind in (Kind.TEMPORARY, Kind.PERIOD_QUOTA) and gone:
             hit = [g for g in gone if g.dimension == dimension] or gone
             if dimension is None and len(gone) == 1:
@@ -182,7 +184,8 @@ def _finish(
         status=ev.status,
         code=finding.code,
         matched=matched,
-        scope=tools.tool_scope(ev, finding),  # a tool's limit names the tool's scope
+        # A tool's limit names the tool's scope; a provider's tier (flex) names the tier.
+        scope=finding.scope or tools.tool_scope(ev, finding),
         observed=observed,
         malformed=malformed,
     )

@@ -85,6 +85,9 @@ class Finding:
     #: The period came only from a phrase ("requests per day"): a stated wait
     #: within the pause limit outranks it (a continuously refilled bucket).
     soft_period: bool = False
+    #: The capacity pool that refused, when it is not the route's own
+    #: (``tier:flex``: OpenAI's flex tier); ``None`` for the route's.
+    scope: str | None = None
 
 
 def _decode(value: bytes | bytearray) -> str:

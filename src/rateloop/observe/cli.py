@@ -18,6 +18,7 @@ import typer
 
 from rateloop._clock import system_clock
 from rateloop._url import url_scheme
+from rateloop.admission.history import HISTORY_MINUTES, ScopeHistory
 from rateloop.errors import BackendError, ConfigError
 from rateloop.observe.queue_state import QueueState
 from rateloop.observe.state import ScopeState, Snapshot
@@ -191,6 +192,21 @@ def render_queue(queue: QueueState, *, source: str) -> str:
     return "\n".join(lines)
 
 
+def render_history(past: Mapping[str, ScopeHistory], *, minutes: int) -> str:
+    """One line per scope: its totals over the last ``minutes`` (``--history``)."""
+    lines = [f"history  last {minutes} min"]
+    for scope, h in sorted(past.items()):
+        m = h.minutes
+        waited = sum(x.wait_seconds for x in m)
+        lines.append(
+            f"{scope}  admitted {sum(x.admissions for x in m)}  "
+            f"refused {sum(x.refusals for x in m)}  waits {sum(x.waits for x in m)} "
+            f"({_duration(waited)})  pauses {sum(x.pauses for x in m)}  "
+            f"fallbacks {sum(x.fallbacks for x in m)}"
+        )
+    return "\n".join(lines)
+
+
 def render_table(snap: Snapshot, *, source: str) -> str:
     """The status table, one row per limited dimension of each scope."""
     header = ["SCOPE", "PAUSED UNTIL", "AIMD", "WAITING (BY PRIORITY)", "DIMENSION", "LIMIT",
@@ -228,6 +244,15 @@ def status(
         float, typer.Option("--interval", min=0.1, help="Seconds between refreshes (--watch).")
     ] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per read.")] = False,
+    history: Annotated[
+        int,
+        typer.Option(
+            "--history",
+            min=0,
+            max=HISTORY_MINUTES,
+            help="Add each scope's last MINUTES of history, minute by minute (0: none).",
+        ),
+    ] = 0,
 ) -> None:
     """Show every scope's limits, headroom, pause and waiters (Redis) and the queue (--store)."""
     from rateloop.observe.queue_state import read_queue
@@ -239,17 +264,29 @@ def status(
             try:
                 snap = reader.read()
                 queue = read_queue(tasks, snap.at) if tasks is not None else None
+                past = (
+                    reader.read_history(
+                        history, scopes=[s.scope for s in snap.scopes], now=snap.at.timestamp()
+                    )
+                    if history
+                    else None
+                )
             except BackendError as exc:
                 raise _fail(str(exc)) from None
             if as_json:
                 data = snap.to_dict()
                 if queue is not None:
                     data["queue"] = queue.to_dict()
+                if past is not None:
+                    data["history"] = {scope: h.to_dict() for scope, h in past.items()}
                 typer.echo(json.dumps(data, sort_keys=True))
             else:
                 if watch:
                     typer.echo("\x1b[2J\x1b[H", nl=False)  # clear the screen between frames
                 typer.echo(render_table(snap, source=reader.url))
+                if past is not None:
+                    typer.echo("")
+                    typer.echo(render_history(past, minutes=history))
                 if queue is not None:
                     typer.echo("")
                     typer.echo(render_queue(queue, source=tasks.url))
@@ -291,6 +328,12 @@ def dashboard(
     interval: Annotated[
         float, typer.Option("--interval", min=0.1, help="Seconds between reads of Redis.")
     ] = 0.5,
+    history: Annotated[
+        int,
+        typer.Option(
+            "--history", min=1, max=HISTORY_MINUTES, help="Minutes of history the charts show."
+        ),
+    ] = 60,
 ) -> None:
     """Serve a read-only live status page of the limiter's scopes (Ctrl-C stops it)."""
     from rateloop.observe._bind import check_bind
@@ -303,7 +346,13 @@ def dashboard(
     reader = _reader(config, redis, prefix)
     tasks = _open_store(store)
     board = Dashboard(
-        reader, store=tasks, host=host, port=port, allow_remote=allow_remote, interval=interval
+        reader,
+        store=tasks,
+        host=host,
+        port=port,
+        allow_remote=allow_remote,
+        interval=interval,
+        history_minutes=history,
     )
     try:
         bound = board.start()

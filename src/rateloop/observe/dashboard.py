@@ -39,6 +39,7 @@ from importlib import resources
 from typing import Any
 
 from rateloop._redact import redact
+from rateloop.admission.history import check_minutes
 from rateloop.errors import BackendError
 from rateloop.observe._bind import check_bind
 from rateloop.observe.queue_state import read_queue
@@ -51,6 +52,10 @@ _STATIC = {
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/style.css": ("style.css", "text/css; charset=utf-8"),
+    # uPlot (MIT), vendored: see static/uPlot.VERSION and static/uPlot.LICENSE.
+    "/uPlot.iife.min.js": ("uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    "/uPlot.min.css": ("uPlot.min.css", "text/css; charset=utf-8"),
+    "/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
 }
 TIMELINE_SIZE = 500
 #: The routine entries served (newest first) and the notable entries kept and served.
@@ -149,10 +154,13 @@ class Dashboard:
         port: int = 8765,
         allow_remote: bool = False,
         interval: float = 0.5,
+        history_minutes: int = 60,
     ) -> None:
         check_bind(host, allow_remote=allow_remote)
         if not interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {interval!r}")
+        self.history_minutes = check_minutes(history_minutes, key="history_minutes")
+        self._history: dict[str, Any] = {}
         self._reader = reader
         self._store = store
         self._queue: dict[str, Any] | None = None
@@ -188,6 +196,7 @@ class Dashboard:
                 # The notable events come from their own stream: each is shown once.
                 events = [e for e in events if not e.get("notable")]
             queue = read_queue(self._store, snap.at).to_dict() if self._store is not None else None
+            history = self._read_history(snap)
         except BackendError as exc:
             with self._lock:
                 self._error = str(exc)
@@ -198,6 +207,17 @@ class Dashboard:
             self._timeline.extend(events)
             self._notable.extend(notable)
             self._snapshot, self._error, self._queue = snap, None, queue
+            self._history = history
+
+    def _read_history(self, snap: Snapshot) -> dict[str, Any]:
+        """Each scope's last minutes, when the reader keeps a history (``read_history``)."""
+        read_history = getattr(self._reader, "read_history", None)
+        if read_history is None:
+            return {}
+        past = read_history(
+            self.history_minutes, scopes=[s.scope for s in snap.scopes], now=snap.at.timestamp()
+        )
+        return {scope: h.to_dict() for scope, h in past.items()}
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -212,6 +232,7 @@ class Dashboard:
         """What ``/api/state`` serves."""
         with self._lock:
             snap, error, queue = self._snapshot, self._error, self._queue
+            history = self._history
             routine = list(self._timeline)[-ROUTINE_SERVED:]
             notable = list(self._notable)
         # Oldest first, then a stable sort by time: entries of one moment keep their order.
@@ -222,6 +243,8 @@ class Dashboard:
             "error": error,
             "timeline": timeline[::-1],  # newest first
             "interval": self.interval,
+            "history": history,
+            "history_minutes": self.history_minutes,
             "served_at": datetime.now(UTC).isoformat(),
         }
 

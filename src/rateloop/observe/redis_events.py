@@ -23,6 +23,11 @@ when the loop starts the call (its ``call_started`` hook), so a reader can
 tell calls apart -- the waiters by priority (:mod:`rateloop.observe.waiters`)
 count each call once.  The token identifies nothing outside the stream.
 
+The sink also adds what only the loop knows to each scope's per-minute
+history (refusals, admission waits and their seconds, fallbacks: see
+:mod:`rateloop.observe.history`) in the same round trip, minuted by this
+process's clock; ``history=False`` leaves it out.
+
 A sink must never break the call it observes: when Redis cannot be reached
 the event is dropped and one warning is logged per minute.
 """
@@ -41,6 +46,7 @@ from rateloop._url import lower_scheme
 from rateloop.admission.backends.keys import events_key, notable_events_key
 from rateloop.observe._labels import safe_operation
 from rateloop.observe._metrics import Metric, MetricSink
+from rateloop.observe.history import event_counts, history_writes
 from rateloop.outcome.events import CapacityEvent, DecisionKind
 
 __all__ = [
@@ -101,6 +107,7 @@ class RedisEventSink(MetricSink):
         maxlen: int = 1000,
         notable_maxlen: int = 200,
         socket_timeout: float = 1.0,
+        history: bool = True,
     ) -> None:
         for name, value in (("maxlen", maxlen), ("notable_maxlen", notable_maxlen)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -111,6 +118,9 @@ class RedisEventSink(MetricSink):
             raise ImportError(
                 "the Redis event sink needs redis-py: pip install 'rateloop[redis]'"
             ) from exc
+        if not isinstance(history, bool):
+            raise TypeError(f"history must be True or False, got {history!r}")
+        self.history, self.prefix = history, prefix
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
         self.url = redact_url(url)
         self.key = events_key(prefix)
@@ -157,6 +167,9 @@ class RedisEventSink(MetricSink):
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
             if fields["decision"] in NOTABLE_DECISIONS:
                 pipe.xadd(self.notable_key, fields, maxlen=self.notable_maxlen, approximate=True)
+            if self.history:
+                counts = event_counts(event, self._current.capacity)
+                history_writes(pipe, self.prefix, counts, system_clock.now().timestamp())
             pipe.execute()
         except self._errors as exc:
             now = system_clock.monotonic()

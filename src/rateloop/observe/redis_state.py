@@ -13,7 +13,7 @@ is written, no script is run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rateloop._redact import redact_url
@@ -24,14 +24,17 @@ from rateloop.admission.backends.keys import (
     LEASES,
     STATE,
     events_key,
+    history_scope_of_key,
     key_of,
     notable_events_key,
     scope_of_key,
 )
 from rateloop.admission.gcra import AIMD
+from rateloop.admission.history import ScopeHistory
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError, ConfigError
+from rateloop.observe.history import read_redis_history
 from rateloop.observe.state import RawScope, Snapshot, _at, scope_state
 from rateloop.observe.waiters import waiters
 
@@ -166,6 +169,28 @@ class RedisStateReader:
             raise BackendError(f"cannot read the events from Redis at {self.url}: {exc}") from exc
         return waiters(rows, now)
 
+    def read_history(
+        self,
+        minutes: int = 60,
+        *,
+        scopes: Iterable[str] | None = None,
+        now: float | None = None,
+    ) -> dict[str, ScopeHistory]:
+        """Each scope's last ``minutes`` of history (:mod:`rateloop.admission.history`).
+
+        ``scopes``: those of :meth:`read` when None; ``now``: Redis's TIME when None.
+        One pipelined ``HGETALL`` per scope and hour the window touches.
+        """
+        try:
+            if scopes is None:
+                scopes = [s.scope for s in self.read().scopes]
+            if now is None:
+                seconds, micros = self._client.time()
+                now = float(seconds) + float(micros) / 1_000_000
+            return read_redis_history(self._client, self.prefix, scopes, minutes, now)
+        except self._redis.RedisError as exc:
+            raise BackendError(f"cannot read the history from Redis at {self.url}: {exc}") from exc
+
     def read(self) -> Snapshot:
         """Every configured scope and every scope with state in Redis, now."""
         try:
@@ -184,6 +209,8 @@ class RedisStateReader:
             parsed = scope_of_key(self.prefix, key)
             if parsed is not None:
                 found.setdefault(parsed[1], set()).add(parsed[0])
+            elif (scope := history_scope_of_key(self.prefix, key)) is not None:
+                found.setdefault(scope, set())  # its state expired; its history is kept
         seconds, micros = client.time()
         now = float(seconds) + float(micros) / 1_000_000
         waiting = waiters(client.xrange(events_key(self.prefix)), now)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from rateloop.testing._fake import (
     FAULTS,
+    FakeBatch,
     FakeLimits,
     FakeProvider,
     FakeProviderServer,
@@ -28,6 +29,7 @@ from rateloop.testing.faults import FaultScript
 
 __all__ = [
     "FAULTS",
+    "FakeBatch",
     "FakeClock",
     "FakeLimits",
     "FakeProvider",

@@ -88,3 +88,35 @@ local function keep(key, seconds)
     redis.call('PEXPIRE', key, ms)
   end
 end
+
+-- The history (rateloop/admission/history.py): a scope's hash per hour, `base` .. ':' ..
+-- epoch hour, holds one field per minute of the hour (0-59), the minute's record
+-- 'name value name value ...'.  Applies `ops` = {mode, name, value, ...} to the record of
+-- the minute of `now` ('+' adds, '=' sets, '<' sets only when absent, '>' keeps the
+-- larger) in one HGET and one HSET; the minute's first write sets the hash to expire
+-- `keep` seconds after its hour ends.
+local function history(base, now, ops, keep)
+  local minute = math.floor(now / 60)
+  local hour = math.floor(minute / 60)
+  local hk, field = base .. ':' .. hour, tostring(minute - hour * 60)
+  local old = redis.call('HGET', hk, field)
+  local names, vals = {}, {}
+  if old then
+    for n, v in string.gmatch(old, '(%S+) (%S+)') do
+      names[#names + 1] = n
+      vals[n] = tonumber(v)
+    end
+  end
+  for i = 1, #ops, 3 do
+    local mode, n, v = ops[i], ops[i + 1], tonumber(ops[i + 2])
+    local cur = vals[n]
+    if cur == nil then names[#names + 1] = n end
+    if mode == '+' then v = (cur or 0) + v
+    elseif mode == '<' then v = cur or v
+    elseif mode == '>' then v = math.max(cur or v, v) end
+    vals[n] = v
+  end
+  for i, n in ipairs(names) do names[i] = n .. ' ' .. fmt(vals[n]) end
+  redis.call('HSET', hk, field, table.concat(names, ' '))
+  if not old then redis.call('EXPIREAT', hk, (hour + 1) * 3600 + keep) end
+end

@@ -103,11 +103,13 @@ end
 
 --@lease
 -- check $i: concurrency leases of scope $s, in its own set KEYS[$z] (r$i: the lease TTL)
+local zc$i = 0
 do
   local z = KEYS[$z]
   redis.call('ZREMRANGEBYSCORE', z, '-inf', now_text(t))
   local w = 0
-  if redis.call('ZCARD', z) + 1 > al$i then
+  zc$i = redis.call('ZCARD', z)
+  if zc$i + 1 > al$i then
     local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
     w = math.max(math.min(tonumber(first[2]) - now, $poll), 0.000001)
     hard = math.max(hard, w)
@@ -151,6 +153,11 @@ if lease_id ~= '-' then
   redis.call('ZADD', z, fmt(now + r$i), lease_id)
   keep(z, r$i)
 end
+
+--@hist
+-- the history of scope $s (rateloop/admission/history.py): one admission, its units and
+-- the limits in force
+history(KEYS[$h], now, {'+', 'a', 1$ops}, $keep)
 
 --@reply
 if wait > 0 then return {1, now_us, fmt(wait), ru} end

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from rateloop.admission.backends.keys import LEARNED, LEASES, STATE, key_of
+from rateloop.admission.backends.keys import HISTORY, LEARNED, LEASES, STATE, key_of
 from rateloop.admission.backends.scripts import (
     Script,
     admit_script,
@@ -30,6 +30,7 @@ from rateloop.admission.backends.scripts import (
     shape_of,
 )
 from rateloop.admission.backends.wire import bulk, evalsha_head, number, pack
+from rateloop.admission.history import HISTORY_TTL_SECONDS
 from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
@@ -100,10 +101,16 @@ class EncodedPlan(NamedTuple):
 
 
 class RedisCodec:
-    """Encodes operations for the scripts under one key ``prefix``; caches per plan and shape."""
+    """Encodes operations for the scripts under one key ``prefix``; caches per plan and shape.
 
-    def __init__(self, prefix: str) -> None:
+    ``history``: the admission, settle and pause scripts also write each
+    scope's per-minute history (:mod:`rateloop.admission.history`); the
+    history bases then follow the other KEYS.
+    """
+
+    def __init__(self, prefix: str, *, history: bool = True) -> None:
         self.prefix = prefix
+        self.history = history
         self._scripts = {name: Script.of(script_text(name)) for name in _SCRIPTS}
         # Scripts generated per plan shape (admit) and per settle shape, by shape.
         self._shaped: dict[Any, Script] = {}
@@ -126,10 +133,14 @@ class RedisCodec:
         if isinstance(op, SettleOp):
             return self._encode_settle(op, packed)
         if isinstance(op, PauseOp):
+            keys, args = [self.key(STATE, op.scope)], [_fmt(op.seconds), op.reason]
+            if self.history:
+                keys.append(self.key(HISTORY, op.scope))
+                args.append(str(HISTORY_TTL_SECONDS))
             return ScriptCall(
                 self._scripts["pause"],
-                [self.key(STATE, op.scope)],
-                [_fmt(op.seconds), op.reason],
+                keys,
+                args,
                 lambda r: PauseResult(now=float(r[0]), until=float(r[1])),
             )
         if isinstance(op, ObserveOp):
@@ -212,10 +223,15 @@ class RedisCodec:
         scopes = _scopes_of(plan.scopes, (c.scope for c in plan.checks))
         index = {s: i + 1 for i, s in enumerate(scopes)}
         shape = shape_of(plan, index, len(scopes))
-        script = self._script(("admit", shape), admit_script, shape)
+        history = self.history
+        script = self._script(
+            ("admit", shape, history), lambda sh: admit_script(sh, history=history), shape
+        )
         names = [self.key(STATE, scope) for scope in scopes]
         # Then the lease set of each scope with a concurrency limit, in the shape's order.
         names += [self.key(LEASES, scopes[s - 1]) for s in shape[1]]
+        if history:  # then each scope's history base, in scope order
+            names += [self.key(HISTORY, scope) for scope in scopes]
         # Pre-encoded: redis-py passes bytes through without converting them again.
         keys = [k.encode() for k in names]
         keys_part = bulk(b"%d" % len(keys)) + b"".join(bulk(k) for k in keys)
@@ -302,10 +318,14 @@ class RedisCodec:
         checks = [c for c, _ in plan.refunds]
         # The lease sets follow the state hashes in KEYS; the lease leaves every one.
         nhashes = len(encoded.scopes)
-        leases = tuple(range(nhashes + 1, len(encoded.keys) + 1)) if has_lease else ()
+        nkeys = len(encoded.keys) - (nhashes if self.history else 0)  # hashes and lease sets
+        leases = tuple(range(nhashes + 1, nkeys + 1)) if has_lease else ()
         adjust = tuple((numbers[c.scope], c.dimension.value, c.scaled) for c in checks)
         shape = (leases, adjust)
-        script = self._script(("settle", shape), settle_script, shape)
+        base = nkeys if self.history else 0
+        script = self._script(
+            ("settle", shape, base), lambda sh: settle_script(sh, history_base=base), shape
+        )
         items = 3 + len(encoded.keys) + 3 + 2 * len(checks)
         head = evalsha_head(script, items) + encoded.keys_part
         entry = (plan, script, head, tuple(_fmt(c.rate).encode() for c in checks))

@@ -11,6 +11,8 @@ key ``S`` whose ``provider:model`` is ``R`` (``prefix`` defaults to
     {prefix}{R}:l:{S}   sorted set: the concurrency leases held in scope S, scored by
                         expiry (a call holds its lease in every scope with a limit)
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
+    {prefix}{R}:h:{S}:{H}  hash: scope S's history for epoch hour H, a field per minute,
+                        expiring 24 h after the hour ends (rateloop.admission.history)
     {prefix}events      stream: the loop's events (``RedisEventSink``)
     {prefix}events:notable  stream: the notable ones again (pauses, fallbacks, skips,
                         stops), capped apart so routine admissions never push them out
@@ -23,11 +25,14 @@ Pure: no redis-py.
 from __future__ import annotations
 
 __all__ = [
+    "HISTORY",
     "KINDS",
     "LEARNED",
     "LEASES",
     "STATE",
     "events_key",
+    "history_key",
+    "history_scope_of_key",
     "key_of",
     "notable_events_key",
     "scope_of_key",
@@ -39,6 +44,8 @@ STATE = "s"
 LEASES = "l"
 #: The hash of the limits learned from the provider's headers.
 LEARNED = "k"
+#: The per-hour history hashes of a scope (``key_of(prefix, HISTORY, scope)`` + ``:{hour}``).
+HISTORY = "h"
 #: The key kinds of one scope: state hash, lease set, learned limits.
 KINDS = (STATE, LEASES, LEARNED)
 
@@ -64,6 +71,30 @@ def scope_of_key(prefix: str, key: str) -> tuple[str, str] | None:
     if key_of(prefix, kind, scope) != key:  # the hash tag must be the scope's own root
         return None
     return kind, scope
+
+
+def history_key(prefix: str, scope: str, hour: int) -> str:
+    """The history hash of ``scope`` for one epoch hour (a field per minute).
+
+    >>> history_key("rateloop:", "openai:gpt-5:proj-1", 483333)
+    'rateloop:{openai:gpt-5}:h:openai:gpt-5:proj-1:483333'
+    """
+    return f"{key_of(prefix, HISTORY, scope)}:{hour}"
+
+
+def history_scope_of_key(prefix: str, key: str) -> str | None:
+    """The scope of a history hash under ``prefix`` (:func:`history_key`), or None.
+
+    >>> history_scope_of_key("rateloop:", "rateloop:{openai:gpt-5}:h:openai:gpt-5:p:483333")
+    'openai:gpt-5:p'
+    """
+    base, sep, hour = key.rpartition(":")
+    if not sep or not hour.isdigit():
+        return None
+    parsed = scope_of_key(prefix, base.replace(f"}}:{HISTORY}:", f"}}:{STATE}:", 1))
+    if parsed is None or key_of(prefix, HISTORY, parsed[1]) != base:
+        return None
+    return parsed[1]
 
 
 def events_key(prefix: str) -> str:

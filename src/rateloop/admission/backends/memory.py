@@ -28,6 +28,7 @@ from rateloop.admission.gcra import (
     effective_factor,
     lowered_factor,
 )
+from rateloop.admission.history import MemoryHistory
 from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
@@ -125,11 +126,46 @@ def _apply_booked(
             slot.index = int(extra)
 
 
-class MemoryBackend:
-    """Limiter state in this process only (``memory://``)."""
+def _record(
+    history: MemoryHistory,
+    wall: float,
+    staged: list[tuple[Check, _Scope, Any, float, float]],
+    amounts: tuple[float, ...],
+    allowances: tuple[float, ...],
+) -> None:
+    """One admission in the history of each scope it was checked in (see ``admit.lua``)."""
+    with history.lock:
+        records: dict[str, dict[str, float]] = {}
+        for (check, state, slot, value, extra), amount, allowed in zip(  # noqa: B905
+            staged, amounts, allowances
+        ):
+            fields = records.get(check.scope)
+            if fields is None:
+                fields = records[check.scope] = history.record(check.scope, wall)
+                fields["a"] = fields.get("a", 0.0) + 1
+            name = check.dimension.value
+            if slot is None:  # a lease: the leases held now, of the slots
+                fields["c:" + name] = float(len(state.leases))
+                fields["L:" + name] = allowed
+                continue
+            fields["u:" + name] = fields.get("u:" + name, 0.0) + amount
+            if type(slot) is Bucket:  # per minute, at the rate in force (AIMD included)
+                fields["L:" + name] = extra * 60.0
+            else:
+                fields["c:" + name] = value
+                fields["L:" + name] = allowed
 
-    def __init__(self, clock: Clock | None = None) -> None:
+
+class MemoryBackend:
+    """Limiter state in this process only (``memory://``).
+
+    ``history`` (on by default) keeps each scope's last 24 h minute by minute
+    (:attr:`history`, a :class:`~rateloop.admission.history.MemoryHistory`).
+    """
+
+    def __init__(self, clock: Clock | None = None, *, history: bool = True) -> None:
         self._clock = clock or system_clock
+        self.history: MemoryHistory | None = MemoryHistory() if history else None
         self._monotonic = self._clock.monotonic  # bound once: read on every operation
         self._lock = threading.Lock()
         self._scopes: dict[str, _Scope] = {}
@@ -190,6 +226,9 @@ class MemoryBackend:
                 state.buckets.clear()
             self._start_full = True
             self._ahead = dict(ahead or {})
+
+    def _wall(self, wall: float | None) -> float:
+        return wall if wall is not None else self._clock.now().timestamp()
 
     def _new_bucket(self, check: Check, now: float) -> Bucket:
         if self._start_full:
@@ -322,8 +361,11 @@ class MemoryBackend:
                 paused_reason=reason,
                 refused=refused,
             )
+        history = self.history
         if blame is not None:  # only bucket levels make it wait, within ``book``: booked
             _apply_booked(staged, amounts, now, wait, lease_id)
+            if history is not None:
+                _record(history, self._wall(wall), staged, amounts, allowances)
             booked = (True, now, 0.0, None, None, False, None, wait, refused)
             return _new_tuple(AdmitResult, booked)
         for check, state, slot, value, extra in staged:
@@ -336,6 +378,8 @@ class MemoryBackend:
             else:
                 slot.count = value
                 slot.index = int(extra)
+        if history is not None:
+            _record(history, self._wall(wall), staged, amounts, allowances)
         return _new_tuple(AdmitResult, (True, now, 0.0, None, None, False, None, 0.0, refused))
 
     def _settle(self, op: SettleOp, now: float) -> tuple[float, Refused]:
@@ -362,6 +406,12 @@ class MemoryBackend:
             else:
                 bucket.level = max(0.0, drained(bucket.level, bucket.ts, now, rate) + delta)
                 bucket.ts = now
+        history = self.history
+        if history is not None and any(op.deltas):
+            wall = self._clock.now().timestamp()
+            for check, delta in zip(op.checks, op.deltas, strict=True):
+                if delta:
+                    history.add(check.scope, wall, {"u:" + check.dimension.value: delta})
         lease_id = op.lease_id
         if lease_id is not None:
             for lease_scope in op.plan.lease_scopes:  # held in every scope with a limit
@@ -375,6 +425,9 @@ class MemoryBackend:
         if until > state.paused_until:
             state.paused_until = until
             state.pause_reason = op.reason
+            if self.history is not None:
+                wall = self._clock.now().timestamp()
+                self.history.paused(op.scope, wall, wall + op.seconds)
         return PauseResult(now=now, until=state.paused_until)
 
     def _observe(self, op: ObserveOp, now: float, wall: float) -> tuple[float, float]:
@@ -418,9 +471,12 @@ class MemoryBackend:
 
 
 def _memory(url: str, *, clock: Clock, prefix: str, **options: Any) -> Backend:
+    history = options.pop("history", True)
     if options:
-        raise TypeError(f"memory:// takes no options, got {sorted(options)}")
-    return MemoryBackend(clock)
+        raise TypeError(f"memory:// takes only the option history, got {sorted(options)}")
+    if not isinstance(history, bool):
+        raise TypeError(f"history must be True or False, got {history!r}")
+    return MemoryBackend(clock, history=history)
 
 
 register_backend("memory", _memory)

@@ -45,6 +45,7 @@ class RedisBackend:
         prefix: str = "rateloop:",
         socket_timeout: float = 5.0,
         socket_connect_timeout: float | None = None,
+        history: bool = True,
         **options: Any,
     ) -> None:
         # Here, not at the top: redis-py is an optional extra, loaded on first use.
@@ -60,7 +61,11 @@ class RedisBackend:
         self.cluster = scheme.endswith("+cluster")
         self.url = redact_url(url)
         self.prefix = prefix
-        self.codec = RedisCodec(prefix)
+        if not isinstance(history, bool):
+            raise TypeError(f"history must be True or False, got {history!r}")
+        # history: each scope's last 24 h minute by minute, written by the same scripts.
+        self.history = history
+        self.codec = RedisCodec(prefix, history=history)
         self._packed = not self.cluster  # a cluster client routes by key: no packed commands
         self._clients: RedisClients = RedisClients(
             scheme.removesuffix("+cluster") + url[len(scheme) :],

@@ -35,6 +35,7 @@ from string import Template
 from typing import NamedTuple
 
 from rateloop.admission.gcra import LEASE_POLL_SECONDS
+from rateloop.admission.history import HISTORY_TTL_SECONDS
 from rateloop.admission.plan import AdmitPlan, CheckKind
 
 __all__ = [
@@ -65,9 +66,12 @@ class Script(NamedTuple):
 
 def script_text(name: str) -> str:
     """The text of the shipped script ``{name}.lua``, ``_common.lua`` first."""
-    return _common() + "\n" + resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(
-        encoding="utf-8"
+    return (
+        _common()
+        + "\n"
+        + resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
     )
+
 
 #: (number of scopes, the scope index (from 1) of each lease set in KEYS order,
 #: per check (scope index from 1, field, kind, scaled)).
@@ -105,8 +109,13 @@ def _common() -> str:
     return package.joinpath("_common.lua").read_text(encoding="utf-8")
 
 
-def admit_script(shape: Shape) -> str:
-    """The Lua text admitting a plan of ``shape`` (``_common.lua`` included)."""
+def admit_script(shape: Shape, history: bool = False) -> str:
+    """The Lua text admitting a plan of ``shape`` (``_common.lua`` included).
+
+    ``history``: a granted call also writes this minute's history of each scope
+    checked (:mod:`rateloop.admission.history`); KEYS then end with each
+    scope's history base, in scope order.
+    """
     nscopes, leased, checks = shape
     if leased != lease_scopes(checks):
         raise ValueError(f"the lease sets {leased!r} are not those of the checks {checks!r}")
@@ -176,7 +185,42 @@ def admit_script(shape: Shape) -> str:
     for i, (s, _, kind, _) in enumerate(checks):
         if kind == CheckKind.LEASE.value:
             out.append(sec["write_lease"].substitute(i=i, s=s, z=lease_key[s]))
+    if history:
+        out.append(_history_sections(sec, checks, nscopes, nscopes + len(leased)))
     out.append(sec["reply"].substitute())
+    return "".join(out)
+
+
+def _history_sections(
+    sec: dict[str, Template],
+    checks: tuple[tuple[int, str, str, bool], ...],
+    nscopes: int,
+    base: int,
+) -> str:
+    """admit.lua's history writes: per scope checked, one ``history`` call (``$h``: its base).
+
+    Each adds one admission and its units to the minute's record and sets the
+    limits in force (``_common.lua``'s ``history``: one HGET, one HSET).
+    """
+    out = []
+    for s in range(1, nscopes + 1):
+        ops = []
+        for i, (cs, field, kind, _) in enumerate(checks):
+            if cs != s:
+                continue
+            if kind == CheckKind.LEASE.value:
+                ops.append(f", '=', 'c:{field}', zc{i} + 1, '=', 'L:{field}', al{i}")
+            elif kind == CheckKind.BUCKET.value:  # per minute, at the rate in force
+                ops.append(f", '+', 'u:{field}', am{i}, '=', 'L:{field}', r{i} * 60")
+            else:
+                ops.append(
+                    f", '+', 'u:{field}', am{i}, '=', 'c:{field}', n{i} + am{i}, "
+                    f"'=', 'L:{field}', al{i}"
+                )
+        if ops:
+            out.append(
+                sec["hist"].substitute(s=s, h=base + s, ops="".join(ops), keep=HISTORY_TTL_SECONDS)
+            )
     return "".join(out)
 
 
@@ -185,12 +229,14 @@ def admit_script(shape: Shape) -> str:
 SettleShape = tuple[tuple[int, ...], tuple[tuple[int, str, bool], ...]]
 
 
-def settle_script(shape: SettleShape) -> str:
+def settle_script(shape: SettleShape, history_base: int = 0) -> str:
     """The Lua text settling adjustments of ``shape`` (``_common.lua`` included).
 
     Its arguments: ``recover_per_sec``, ``starts_at``, the lease id, then per
     adjustment its rate and delta.  Each scope's hash is read and written once;
-    the lease is removed from every lease set.
+    the lease is removed from every lease set.  ``history_base`` > 0: scope
+    ``s``'s history base is ``KEYS[history_base + s]``, and a nonzero delta is
+    added to this minute's units there.
     """
     lease_keys, adjustments = shape
     sec = _sections("settle")
@@ -217,6 +263,13 @@ def settle_script(shape: SettleShape) -> str:
         out.append(sec["write"].substitute(s=s, pairs="".join(written)))
     for z in lease_keys:
         out.append(sec["lease"].substitute(z=z))
+    if history_base:
+        for j, (s, field, _) in enumerate(adjustments):
+            out.append(
+                sec["hist"].substitute(
+                    s=s, h=history_base + s, a=4 + 2 * j, F=field, keep=HISTORY_TTL_SECONDS
+                )
+            )
     out.append(sec["reply"].substitute())
     return "".join(out)
 

@@ -53,6 +53,10 @@ write_state(k$s, v$s[1], now, ttl$s$pairs)
 --@lease
 redis.call('ZREM', KEYS[$z], ARGV[3])
 
+--@hist
+-- the history of scope $s (rateloop/admission/history.py): bucket '$F' settled by its delta
+if tonumber(ARGV[$a + 1]) ~= 0 then history(KEYS[$h], now, {'+', 'u:$F', ARGV[$a + 1]}, $keep) end
+
 --@reply
 if ru ~= '' then return {now_us, ru} end
 return now_us

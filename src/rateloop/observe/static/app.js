@@ -132,6 +132,10 @@ async function refresh() {
     }
     drawQueue(state.queue);
     drawTimeline(state.timeline);
+    if (state.snapshot && typeof uPlot !== "undefined") {
+      $("history-window").textContent = `(last ${state.history_minutes} min)`;
+      drawCharts(state.history, state.history_minutes, Date.parse(state.snapshot.at) / 1000);
+    }
     document.body.dataset.updated = state.served_at;
   } catch (e) {
     $("error").hidden = false;

@@ -6,8 +6,13 @@ Routes (the shape follows the path, whatever the provider's default profile):
 - ``POST /v1/messages`` -- Anthropic (``stream: true`` streams SSE)
 - ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``
   -- Gemini (also under ``/v1/models/``)
+- the batch endpoints (OpenAI ``/v1/files`` and ``/v1/batches``, Anthropic
+  ``/v1/messages/batches``), answered by the provider's ``batch_route``
+  (:mod:`~rateloop.testing._fake.batch_http`)
 - ``GET /fake/stats`` -- the counters and the configuration, as JSON
 - ``POST /fake/reset`` -- full buckets and empty counters
+
+An OpenAI request's ``service_tier`` is read (``"flex"``: the flex capacity).
 
 Input tokens are estimated as one per four characters of the prompt text (it
 is never stored or echoed); the headers ``x-fake-input-tokens``,
@@ -30,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from rateloop.testing._fake.buckets import FakeLimits, Profile
-from rateloop.testing._fake.model import FakeRequest, FakeResponse, FakeStats
+from rateloop.testing._fake.model import SERVICE_TIERS, FakeRequest, FakeResponse, FakeStats
 
 __all__ = ["Served", "describe", "handle_httpx", "parse_request", "serve_asgi"]
 
@@ -55,9 +60,13 @@ class Served(Protocol):
     @property
     def rejected_spends_request(self) -> bool: ...
     @property
+    def flex(self) -> FakeLimits | None: ...
+    @property
     def stats(self) -> FakeStats: ...
 
     def reset(self) -> None: ...
+    def batch_route(self, method: str, path: str, headers: Mapping[str, str],
+                    body: bytes) -> tuple[int, str, bytes] | None: ...
     def respond(self, request: FakeRequest | None = None) -> FakeResponse: ...
     async def arespond(self, request: FakeRequest | None = None) -> FakeResponse: ...
 
@@ -72,6 +81,8 @@ def describe(provider: Served) -> dict[str, Any]:
                                                  "concurrency", "burst_seconds")},
         "latency": provider.latency,
         "rejected_spends_request": provider.rejected_spends_request,
+        "flex": None if provider.flex is None else {
+            k: getattr(provider.flex, k) for k in ("rpm", "tpm", "itpm", "otpm", "burst_seconds")},
     }
 
 
@@ -105,11 +116,13 @@ def parse_request(
     """The :class:`FakeRequest` an HTTP request describes, or ``None`` for an unknown path."""
     profile: Profile
     stream = body.get("stream") is True
+    tier: Any = None
     if path.rstrip("/") in ("/v1/chat/completions", "/chat/completions"):
         profile = "openai"
         model = str(body.get("model") or "fake-model")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 256
         prompt: Any = body.get("messages")
+        tier = body.get("service_tier")
     elif path.rstrip("/") in ("/v1/messages", "/messages"):
         profile = "anthropic"
         model = str(body.get("model") or "fake-model")
@@ -127,6 +140,8 @@ def parse_request(
         return None
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+    if tier is not None and tier not in SERVICE_TIERS:
+        raise ValueError(f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {tier!r}")
     estimate = math.ceil(sum(len(t) for t in _texts(prompt)) / 4)
     given = _int_header(headers, "x-fake-input-tokens")
     return FakeRequest(
@@ -137,6 +152,7 @@ def parse_request(
         stream=stream,
         model=model,
         profile=profile,
+        service_tier=tier,
     )
 
 
@@ -194,6 +210,10 @@ def handle_httpx(provider: Served, request: Any) -> Any:
     if path == "/fake/stats" and request.method == "GET":
         return library.Response(200, json={**provider.stats.as_dict(),
                                            "config": describe(provider)})
+    answer = provider.batch_route(request.method, path, dict(request.headers), request.content)
+    if answer is not None:
+        status, content_type, content = answer
+        return library.Response(status, headers={"content-type": content_type}, content=content)
     try:
         body = json.loads(request.content) if request.content else {}
         if not isinstance(body, Mapping):
@@ -237,6 +257,14 @@ async def serve_asgi(provider: Served, scope: Any, receive: Receive, send: Send)
     if path == "/fake/reset" and method == "POST":
         provider.reset()
         await _send_json(send, 200, {"reset": True})
+        return
+    answer = provider.batch_route(method, path, headers, raw)
+    if answer is not None:
+        status, content_type, content = answer
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", content_type.encode()),
+                                (b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})
         return
     try:
         body = json.loads(raw) if raw else {}

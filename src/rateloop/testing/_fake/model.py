@@ -9,7 +9,19 @@ from typing import Any, Literal
 
 from rateloop.testing._fake.buckets import Profile
 
-__all__ = ["FAULTS", "FakeRequest", "FakeResponse", "FakeStats", "FaultName", "Slow"]
+__all__ = [
+    "FAULTS",
+    "SERVICE_TIERS",
+    "FakeRequest",
+    "FakeResponse",
+    "FakeStats",
+    "FaultName",
+    "Slow",
+]
+
+#: OpenAI's ``service_tier`` values a request may name; ``flex`` is served from
+#: the flex capacity, every other one from the standard capacity.
+SERVICE_TIERS: tuple[str, ...] = ("auto", "default", "flex", "priority", "scale")
 
 FaultName = Literal[
     "rate_limit",  # a 429 on the requests dimension, whatever the buckets hold
@@ -50,7 +62,8 @@ class FakeRequest:
 
     ``output_tokens`` is what the model will really produce (``None``: the
     provider's ``output_ratio`` of ``max_tokens``); ``cache_read_tokens`` is
-    the part of the input served from the prompt cache.
+    the part of the input served from the prompt cache.  ``service_tier`` is
+    OpenAI's (``"flex"``: the flex capacity; ``None``: the standard one).
     """
 
     input_tokens: int = 100
@@ -60,8 +73,13 @@ class FakeRequest:
     stream: bool = False
     model: str = "fake-model"
     profile: Profile | None = None  # None: the provider's own profile
+    service_tier: str | None = None
 
     def __post_init__(self) -> None:
+        tier = self.service_tier
+        if tier is not None and tier not in SERVICE_TIERS:
+            raise ValueError(f"FakeRequest.service_tier must be one of {', '.join(SERVICE_TIERS)} "
+                             f"or None, got {tier!r}")
         for name in ("input_tokens", "max_tokens", "cache_read_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -114,8 +132,13 @@ class FakeStats:
     ``attempts`` is every request that reached it; ``served`` the ones
     answered 200 (a stream broken by a ``stream_error`` fault is not served);
     ``refusals`` counts refusals by dimension (``requests``, ``input_tokens``,
-    ``output_tokens``, ``tokens``, ``requests_per_day``, ``concurrency``) or
-    by fault name; ``input_tokens`` / ``output_tokens`` are tokens served.
+    ``output_tokens``, ``tokens``, ``requests_per_day``, ``concurrency``,
+    ``resource_unavailable`` for the flex capacity) or by fault name;
+    ``input_tokens`` / ``output_tokens`` are tokens served.  The flex tier's
+    share of them is counted apart too: ``flex_attempts``, ``flex_served``,
+    ``flex_refused``.  ``batches`` counts batches created and
+    ``batch_items`` their items by how they ended (``succeeded``,
+    ``errored``, ``expired``, ``canceled``).
     """
 
     attempts: int = 0
@@ -126,6 +149,11 @@ class FakeStats:
     cache_read_tokens: int = 0
     in_flight: int = 0
     peak_concurrency: int = 0
+    flex_attempts: int = 0
+    flex_served: int = 0
+    flex_refused: int = 0
+    batches: int = 0
+    batch_items: Counter[str] = field(default_factory=Counter)
 
     @property
     def refused(self) -> int:
@@ -142,4 +170,9 @@ class FakeStats:
             "cache_read_tokens": self.cache_read_tokens,
             "in_flight": self.in_flight,
             "peak_concurrency": self.peak_concurrency,
+            "flex_attempts": self.flex_attempts,
+            "flex_served": self.flex_served,
+            "flex_refused": self.flex_refused,
+            "batches": self.batches,
+            "batch_items": dict(sorted(self.batch_items.items())),
         }

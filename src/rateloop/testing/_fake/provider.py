@@ -31,8 +31,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rateloop._clock import Clock, system_clock
 from rateloop.route import Route
-from rateloop.testing._fake import shapes
+from rateloop.testing._fake import batch_http, shapes
 from rateloop.testing._fake.asgi import handle_httpx, serve_asgi
+from rateloop.testing._fake.batch import Batches, FakeBatch
 from rateloop.testing._fake.buckets import (
     PROFILES,
     Bucket,
@@ -58,6 +59,7 @@ class _Ticket:
     output_tokens: int
     delay: float
     stream_error: bool
+    flex: bool = False
 
 
 class FakeProvider:
@@ -90,6 +92,9 @@ class FakeProvider:
         concurrency: int | None = None,
         burst_seconds: float = 5.0,
         limits: FakeLimits | None = None,
+        flex: FakeLimits | None = None,
+        flex_latency: float = 0.0,
+        batch: FakeBatch | None = None,
         model: str = "fake-model",
         latency: float = 0.0,
         refusal_latency: float = 0.0,
@@ -105,7 +110,11 @@ class FakeProvider:
         if limits is None:
             limits = FakeLimits(rpm=rpm, tpm=tpm, itpm=itpm, otpm=otpm, rpd=rpd,
                                 concurrency=concurrency, burst_seconds=burst_seconds)
-        for name, value in (("latency", latency), ("refusal_latency", refusal_latency)):
+        if flex is not None and (flex.rpd is not None or flex.concurrency is not None):
+            raise ValueError("flex capacity takes rpm, tpm, itpm, otpm and burst_seconds "
+                             f"(the day quota and concurrency are the account's), got {flex!r}")
+        for name, value in (("latency", latency), ("refusal_latency", refusal_latency),
+                            ("flex_latency", flex_latency)):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if isinstance(output_ratio, bool) or not 0 <= output_ratio <= 1:
@@ -114,6 +123,8 @@ class FakeProvider:
         self.limits = limits
         self.model = model
         self.latency = float(latency)
+        self.flex = flex
+        self.flex_latency = float(flex_latency)
         self.refusal_latency = float(refusal_latency)
         self.output_ratio = float(output_ratio)
         self.rejected_spends_request = rejected_spends_request
@@ -129,7 +140,9 @@ class FakeProvider:
         self._day_count = 0
         self._day_exhausted = False
         self._next_id = 0
-        self._buckets = self._new_buckets()
+        self._buckets = self._new_buckets(self.limits)
+        self._flex_buckets = self._new_buckets(self.flex)
+        self.batches = Batches(self, batch or FakeBatch(), seed=seed)
 
     @staticmethod
     def _as_script(faults: Sequence[str | Slow | None] | FaultScript | None) -> FaultScript | None:
@@ -143,8 +156,10 @@ class FakeProvider:
         # After the scripted faults, answer normally (FaultScript repeats its last item).
         return FaultScript([*items, None])
 
-    def _new_buckets(self) -> dict[str, Bucket]:
-        now, lim = self.clock.monotonic(), self.limits
+    def _new_buckets(self, lim: FakeLimits | None) -> dict[str, Bucket]:
+        if lim is None:
+            return {}
+        now = self.clock.monotonic()
         pairs = (("requests", lim.rpm), ("tokens", lim.tpm), ("input_tokens", lim.itpm),
                  ("output_tokens", lim.otpm))
         return {name: Bucket(limit, lim.burst_seconds, now) for name, limit in pairs if limit}
@@ -159,6 +174,11 @@ class FakeProvider:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """The provider is an ASGI app: ``httpx.ASGITransport(app=fake)``."""
         await serve_asgi(self, scope, receive, send)
+
+    def batch_route(self, method: str, path: str, headers: Mapping[str, str],
+                    body: bytes) -> tuple[int, str, bytes] | None:
+        """The answer of a batch endpoint (``None``: ``path`` is not one); see ``batch_http``."""
+        return batch_http.route(self.batches, method, path, headers, body)
 
     def handler(self, request: Any) -> Any:
         """A sync handler for ``httpx.MockTransport`` / ``httpx2.MockTransport``.
@@ -197,9 +217,11 @@ class FakeProvider:
         """Full buckets, a new day, empty counters (the configuration is kept)."""
         with self._lock:
             self.stats = FakeStats()
-            self._buckets = self._new_buckets()
+            self._buckets = self._new_buckets(self.limits)
+            self._flex_buckets = self._new_buckets(self.flex)
             self._day_index, self._day_count, self._day_exhausted = -1, 0, False
             self._spent = False
+        self.batches.clear()
 
     # -- one attempt -----------------------------------------------------------------
 
@@ -254,62 +276,82 @@ class FakeProvider:
 
     def _open(self, request: FakeRequest) -> tuple[FakeResponse, _Ticket | None]:
         with self._lock:
-            stats = self.stats
-            stats.attempts += 1
-            self._next_id += 1
-            request_id = f"req_fake{self._next_id:08d}"
-            profile = request.profile or self.profile
-            model = request.model if request.model != "fake-model" else self.model
-            fault = self._next_fault()
-            delay = self.latency
-            if isinstance(fault, Slow):
-                delay += fault.seconds
-                fault = None
-            stream_error = fault == "stream_error" and request.stream
-            if fault == "reset":
-                stats.refusals["reset"] += 1
-                return FakeResponse(status_code=0, headers={}, reset=True, refused="reset",
-                                    delay=self.refusal_latency), None
-            if fault is not None and not stream_error:
-                return self._refuse(profile, fault, model, request_id, self._fault_wait(fault),
-                                    {"rate_limit": self.limits.rpm,
-                                     "period_quota": self.limits.rpd}.get(fault), 1), None
-            if self._spent:
-                return self._refuse(profile, "spend", model, request_id, None, None, None), None
-            left_today = self._roll_day()
-            rpd = self.limits.rpd
-            if self._day_exhausted or (rpd is not None and self._day_count >= rpd):
-                return self._refuse(profile, "requests_per_day", model, request_id, left_today,
-                                    rpd, 1), None
-            cap = self.limits.concurrency
-            if cap is not None and stats.in_flight >= cap:
-                return self._refuse(profile, "concurrency", model, request_id, None, cap,
-                                    1), None
-            charge = charge_of(profile, request.input_tokens, request.max_tokens,
-                               request.cache_read_tokens)
-            refused = self._check_buckets(charge)
-            if refused is not None:
-                if self.rejected_spends_request and "requests" in self._buckets:
-                    self._buckets["requests"].spend_refused(1)
-                    # The wait told must cover the slot this refusal just spent.
-                    refused = self._check_buckets(charge) or refused
-                name, wait = refused
-                bucket = self._buckets[name]
-                return self._refuse(profile, name, model, request_id, wait, bucket.limit,
-                                    self._amount(name, charge)), None
-            for name, bucket in self._buckets.items():
-                bucket.take(self._amount(name, charge))
-            self._day_count += 1
-            stats.in_flight += 1
-            stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
-            output = request.output_tokens
-            if output is None:
-                output = math.ceil(request.max_tokens * self.output_ratio)
-            output = min(output, request.max_tokens)
-            ticket = _Ticket(request=request, profile=profile, request_id=request_id,
-                             charge=charge, output_tokens=output, delay=delay,
-                             stream_error=stream_error)
-            return FakeResponse(status_code=102, headers={}), ticket
+            response, ticket = self._admit(request)
+            if request.service_tier == "flex":
+                self.stats.flex_attempts += 1
+                self.stats.flex_refused += ticket is None
+            return response, ticket
+
+    def _admit(self, request: FakeRequest) -> tuple[FakeResponse, _Ticket | None]:
+        stats = self.stats
+        stats.attempts += 1
+        self._next_id += 1
+        request_id = f"req_fake{self._next_id:08d}"
+        profile = request.profile or self.profile
+        model = request.model if request.model != "fake-model" else self.model
+        flex = request.service_tier == "flex"
+        if flex and profile != "openai":
+            raise ValueError(f"service_tier='flex' is OpenAI's; this request's profile is "
+                             f"{profile!r}")
+        fault = self._next_fault()
+        delay = self.latency + (self.flex_latency if flex else 0.0)
+        if isinstance(fault, Slow):
+            delay += fault.seconds
+            fault = None
+        stream_error = fault == "stream_error" and request.stream
+        if fault == "reset":
+            stats.refusals["reset"] += 1
+            return FakeResponse(status_code=0, headers={}, reset=True, refused="reset",
+                                delay=self.refusal_latency), None
+        if fault is not None and not stream_error:
+            return self._refuse(profile, fault, model, request_id, self._fault_wait(fault),
+                                {"rate_limit": self.limits.rpm,
+                                 "period_quota": self.limits.rpd}.get(fault), 1), None
+        if flex and self.flex is None:
+            return self._refuse(profile, "flex_unsupported", model, request_id, None, None,
+                                None), None
+        if self._spent:
+            return self._refuse(profile, "spend", model, request_id, None, None, None), None
+        left_today = self._roll_day()
+        rpd = self.limits.rpd
+        if self._day_exhausted or (rpd is not None and self._day_count >= rpd):
+            return self._refuse(profile, "requests_per_day", model, request_id, left_today,
+                                rpd, 1), None
+        cap = self.limits.concurrency
+        if cap is not None and stats.in_flight >= cap:
+            return self._refuse(profile, "concurrency", model, request_id, None, cap,
+                                1), None
+        charge = charge_of(profile, request.input_tokens, request.max_tokens,
+                           request.cache_read_tokens)
+        buckets = self._flex_buckets if flex else self._buckets
+        refused = self._check_buckets(charge, buckets)
+        if refused is not None and flex:
+            # Flex capacity is out: a 429 "Resource Unavailable", not charged (so no slot
+            # is spent) and naming no wait (see shapes).
+            return self._refuse(profile, "resource_unavailable", model, request_id, None,
+                                None, None), None
+        if refused is not None:
+            if self.rejected_spends_request and "requests" in buckets:
+                buckets["requests"].spend_refused(1)
+                # The wait told must cover the slot this refusal just spent.
+                refused = self._check_buckets(charge, buckets) or refused
+            name, wait = refused
+            bucket = buckets[name]
+            return self._refuse(profile, name, model, request_id, wait, bucket.limit,
+                                self._amount(name, charge)), None
+        for name, bucket in buckets.items():
+            bucket.take(self._amount(name, charge))
+        self._day_count += 1
+        stats.in_flight += 1
+        stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
+        output = request.output_tokens
+        if output is None:
+            output = math.ceil(request.max_tokens * self.output_ratio)
+        output = min(output, request.max_tokens)
+        ticket = _Ticket(request=request, profile=profile, request_id=request_id,
+                         charge=charge, output_tokens=output, delay=delay,
+                         stream_error=stream_error, flex=flex)
+        return FakeResponse(status_code=102, headers={}), ticket
 
     def _fault_wait(self, fault: str) -> float | None:
         """The wait a scripted refusal tells, as the provider's own would.
@@ -331,10 +373,12 @@ class FakeProvider:
         return {"requests": 1, "tokens": charge.total, "input_tokens": charge.input,
                 "output_tokens": charge.output}[name]
 
-    def _check_buckets(self, charge: TokenCharge) -> tuple[str, float] | None:
+    def _check_buckets(
+        self, charge: TokenCharge, buckets: Mapping[str, Bucket] | None = None
+    ) -> tuple[str, float] | None:
         now = self.clock.monotonic()
         worst: tuple[str, float] | None = None
-        for name, bucket in self._buckets.items():
+        for name, bucket in (self._buckets if buckets is None else buckets).items():
             wait = bucket.wait_for(self._amount(name, charge), now)
             if wait is None:  # larger than the whole minute's limit: it never fits
                 return name, 60.0
@@ -374,7 +418,7 @@ class FakeProvider:
                         self._buckets[name].give_back(unused)
             # The headers tell the buckets as they are now, refilled since the last request.
             mono = self.clock.monotonic()
-            for bucket in self._buckets.values():
+            for bucket in (*self._buckets.values(), *self._flex_buckets.values()):
                 bucket.refill(mono)
             now = self.clock.now()
             response = shapes.success(
@@ -387,6 +431,7 @@ class FakeProvider:
                 cache_read_tokens=request.cache_read_tokens,
                 stream=request.stream,
                 headers=shapes.rate_headers(ticket.profile, self._buckets, now),
+                service_tier="flex" if ticket.flex else "default",
             )
             if ticket.stream_error:
                 stats.refusals["stream_error"] += 1
@@ -396,6 +441,7 @@ class FakeProvider:
                 response.refused = "stream_error"
                 return response
             stats.served += 1
+            stats.flex_served += ticket.flex
             stats.input_tokens += request.input_tokens
             stats.output_tokens += ticket.output_tokens
             stats.cache_read_tokens += request.cache_read_tokens

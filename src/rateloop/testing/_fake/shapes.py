@@ -195,6 +195,25 @@ def _openai_refusal(
         err = {"message": "The server had an error while processing your request. Sorry about "
                "that!", "type": "server_error", "param": None, "code": None}
         return _response(500, {"error": err}, headers, reason)
+    if reason == "resource_unavailable":
+        # The flex guide (developers.openai.com/api/docs/guides/flex-processing, "Resource
+        # unavailable errors"): "a `429 Resource Unavailable` error code", not charged,
+        # met by backing off or by retrying at the standard tier.  The guide prints no
+        # body; clients test `error.code === "resource_unavailable"`.  No retry-after:
+        # the guide names no wait.  No words of overload either (that would read as one).
+        message = (f"Resource Unavailable: flex processing has no capacity for {model} right "
+                   "now. Retry later with exponential backoff, or send the request with "
+                   'service_tier "auto" for standard processing.')
+        err = {"message": message, "type": "resource_unavailable", "param": None,
+               "code": "resource_unavailable"}
+        return _response(429, {"error": err}, headers, reason)
+    if reason == "flex_unsupported":
+        # As for a model without flex (Azure documents a 400 invalid_request_error that
+        # does not fall back to standard processing); the wording is the fake's own.
+        err = {"message": f"service_tier 'flex' is not available for the model {model}.",
+               "type": "invalid_request_error", "param": "service_tier",
+               "code": "invalid_value"}
+        return _response(400, {"error": err}, headers, reason)
     if reason == "concurrency":
         err = {"message": f"Too many concurrent requests for {model}. Limit {limit}.",
                "type": "requests", "param": None, "code": "rate_limit_exceeded"}
@@ -320,15 +339,21 @@ def success(
     cache_read_tokens: int,
     stream: bool,
     headers: Mapping[str, str],
+    service_tier: str = "default",
 ) -> FakeResponse:
-    """A 200 answer (never the prompt echoed back: tests must not leak prompts)."""
+    """A 200 answer (never the prompt echoed back: tests must not leak prompts).
+
+    An OpenAI answer echoes the tier that served it, as the API does
+    (``"service_tier": "flex"``, else ``"default"``).
+    """
     text = "fake response"
     head = dict(headers)
     if profile == "openai":
         head["x-request-id"] = request_id
         usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
                  "total_tokens": input_tokens + output_tokens}
-        base = {"id": f"chatcmpl-{request_id}", "created": created, "model": model}
+        base = {"id": f"chatcmpl-{request_id}", "created": created, "model": model,
+                "service_tier": service_tier}
         if not stream:
             body = {**base, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": text},
