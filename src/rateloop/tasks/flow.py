@@ -55,7 +55,16 @@ from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
 from rateloop.tasks.states import TaskState
 from rateloop.timing.writes import WriteOutcome, normalize_write_outcome
 
-__all__ = ["CheckReply", "CheckWrite", "RunStep", "Save", "SaveAck", "StepResult", "task_flow"]
+__all__ = [
+    "CheckReply",
+    "CheckWrite",
+    "RunStep",
+    "Save",
+    "SaveAck",
+    "StepResult",
+    "earlier_write",
+    "task_flow",
+]
 
 #: Where a waiting outcome carries no retry_at (it should), try again after this long.
 DEFAULT_PARK_SECS = 60.0
@@ -123,8 +132,11 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
-    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now."""
+def earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
+    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now.
+
+    Shared with the Celery integration (:mod:`rateloop.integrations.celery`), whose
+    redelivered writes are settled by the same rule."""
     routes = (step.route, *(step.fallbacks or ())) if step.route is not None else ()
     unknown = (f"unknown_outcome: step {step.name} (a write) may have taken effect in an "
                "earlier delivery")
@@ -223,7 +235,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
         in_flight = ck.pending_operation
         if (not step.idempotent and in_flight is not None and in_flight.step == step.name
                 and in_flight.started_delivery is not None):
-            earlier = yield from _earlier_write(step, context)
+            earlier = yield from earlier_write(step, context)
             if earlier is not None and not earlier.status.succeeded:
                 # The operator decides; a retry of theirs runs the write again.
                 rec = rec.with_checkpoint(pending_operation=pending)
