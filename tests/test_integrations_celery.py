@@ -394,13 +394,17 @@ def test_rabbitmq_sigkilled_workers_lose_no_task_and_repeat_no_keyed_write(
         client.close()
     assert effects == dict.fromkeys(range(n), 1)  # every write landed exactly once
     for i in range(n):
+        # A redelivery asks the outcome check: 0 (not applied: it runs the write) until the
+        # write lands, then 1 (applied: done without running it).  A delivery may also die as
+        # a bystander of another task's kill (two slots per worker), so a task can be checked
+        # more than once; the value is the write's only when the last delivery ran it.
+        seen = checks[i]
+        assert seen == sorted(seen), (i, seen)  # once applied, it stays applied
+        assert values[i] == (None if seen and seen[-1] == 1 else f"posted {i}"), (i, seen)
         if die.get(i) == "after":  # landed, then killed: the check said so, not run again
-            assert (checks[i], values[i]) == ([1], None)
+            assert seen and seen[0] == 1, (i, seen)
         elif die.get(i) == "before":  # killed before it landed: checked, then run once
-            assert (checks[i], values[i]) == ([0], f"posted {i}")
-        else:  # not killed, or killed with its worker (a bystander): checked, then settled
-            assert (checks[i], values[i]) in (([], f"posted {i}"), ([0], f"posted {i}"),
-                                              ([1], None))
+            assert seen and seen[0] == 0, (i, seen)
 
 
 def test_a_worker_whose_broker_is_down_exits_with_one_message(tmp_path: Path) -> None:
