@@ -60,7 +60,7 @@ try:
     from temporalio import activity
     from temporalio.client import Client
     from temporalio.common import RetryPolicy
-    from temporalio.exceptions import ApplicationError
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
     from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -156,7 +156,7 @@ class HeartbeatClock:
         for chunk in self._chunks(seconds):
             activity.heartbeat(self._details())
             if activity.is_cancelled():
-                raise asyncio.CancelledError("the activity was cancelled while rateloop waited")
+                raise CancelledError("the activity was cancelled while rateloop waited")
             start = self._inner.monotonic()
             self._inner.sleep(chunk)
             self.asleep_secs += self._inner.monotonic() - start
@@ -266,6 +266,7 @@ def _apply(ruling: EngineVerdict, outcome: Outcome, *, marked: bool) -> Any:
                 _details(outcome),
                 type=error_type(status),
                 next_retry_delay=timedelta(seconds=delay),
+                category=ApplicationErrorCategory.BENIGN,  # an expected wait: logged at DEBUG
             )
         case GiveUp(status, reason):
             raise ApplicationError(

@@ -89,7 +89,7 @@ def temporal_dev_server(
         if db_filename is None:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="rateloop-temporal-"))
             db_filename = str(Path(folder) / "temporal.db")
-        out = stack.enter_context(open(log, "ab")) if log else subprocess.DEVNULL  # noqa: SIM115
+        out = stack.enter_context(open(log, "ab")) if log else subprocess.DEVNULL
         process = subprocess.Popen(
             [exe, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
              "--port", str(port), "--http-port", str(free_port()),
