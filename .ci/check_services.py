@@ -1,8 +1,9 @@
-"""Fail when Redis or PostgreSQL tests were skipped, or when none of them ran.
+"""Fail when Redis, PostgreSQL or Temporal tests were skipped, or when none of them ran.
 
 Reads the JUnit XML that pytest wrote.  A test counts as a service test when
 its name or class names the service (``redis`` / ``postgres``) or when its skip
-message does.  Redis and PostgreSQL tests must both exist and run.
+message does.  Redis, PostgreSQL and Temporal (a dev server the tests start) tests must
+all exist and run.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 
-SERVICES = {"redis": ("redis",), "postgres": ("postgres", "psycopg", "pg_")}
-REQUIRED = {"redis", "postgres"}  # services with tests: none running is a failure
+SERVICES = {"redis": ("redis",), "postgres": ("postgres", "psycopg", "pg_"),
+            "temporal": ("temporal",)}
+REQUIRED = {"redis", "postgres", "temporal"}  # services with tests: none running is a failure
 
 
 def main(path: str) -> int:
