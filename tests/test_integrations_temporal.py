@@ -315,3 +315,8 @@ def test_no_server_is_one_fast_error_naming_what_to_start() -> None:
     assert time.monotonic() - start < 5
     assert target in str(caught.value)
 
+
+
+def test_connect_names_a_bad_address() -> None:
+    with pytest.raises(ValueError, match="target_host must be 'host:port'.*'localhost'"):
+        asyncio.run(connect("localhost"))

