@@ -318,5 +318,5 @@ def test_no_server_is_one_fast_error_naming_what_to_start() -> None:
 
 
 def test_connect_names_a_bad_address() -> None:
-    with pytest.raises(ValueError, match="target_host must be 'host:port'.*'localhost'"):
+    with pytest.raises(ValueError, match=r"target_host must be 'host:port'.*'localhost'"):
         asyncio.run(connect("localhost"))
