@@ -36,11 +36,10 @@ from typing import Any
 import httpx
 from temporalio import activity, workflow
 from temporalio.client import Client
-from temporalio.common import RetryPolicy
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _engine_workload import (  # noqa: E402
+from _engine_workload import (
     WORKLOAD,
     ResultLog,
     Workload,
@@ -50,15 +49,15 @@ from _engine_workload import (  # noqa: E402
     summarize,
 )
 
-from rateloop import AsyncRateLoop, Policy, Route  # noqa: E402
-from rateloop.admission import Limiter  # noqa: E402
-from rateloop.integrations._engine import Finish, GiveUp  # noqa: E402
-from rateloop.integrations.temporal import (  # noqa: E402
+from rateloop import AsyncRateLoop, Policy, Route
+from rateloop.admission import Limiter
+from rateloop.integrations._engine import Finish, GiveUp
+from rateloop.integrations.temporal import (
     ActivityReport,
     aactivity_call,
     retry_policy,
 )
-from rateloop.testing.temporal import temporal_dev_server  # noqa: E402
+from rateloop.testing.temporal import temporal_dev_server
 
 REDIS_URL = os.environ.get("RATELOOP_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 SLOTS_PER_WORKER = 25
