@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -71,6 +72,10 @@ def bench_policy(workload: Workload) -> Policy:
     })
 
 
+def limiter_prefix(run_id: str) -> str:
+    return f"rateloop-bench:temporal:{run_id}:"
+
+
 @workflow.defn(name="CallModel", sandboxed=False)
 class CallModel:
     @workflow.run
@@ -89,7 +94,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     log = ResultLog(REDIS_URL, args.run_id)
     policy = bench_policy(workload)
     loop = AsyncRateLoop(policy, limiter=Limiter.from_policy(
-        policy, prefix=f"rateloop-bench:temporal:{args.run_id}:"), sinks=[])
+        policy, prefix=limiter_prefix(args.run_id)), sinks=[])
     http = httpx.AsyncClient(timeout=30)
 
     @activity.defn(name="call_model")
@@ -168,6 +173,10 @@ def run_variant(name: str, target: str, workload: Workload, timeout: float) -> d
             results = log.wait_all(workload.calls, timeout=timeout)
         row = summarize(name, workload, provider, results)
     log.clear()
+    keys = redis.Redis.from_url(REDIS_URL)  # the shared limiter's state of this run
+    for key in keys.scan_iter(match=f"{limiter_prefix(run_id)}*"):
+        keys.delete(key)
+    keys.close()
     return row
 
 
