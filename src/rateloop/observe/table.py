@@ -101,11 +101,14 @@ _NO_WRAP = frozenset({"AIMD", "DIMENSION", "LIMIT", "EFFECTIVE", "USED/CAPACITY"
 _MAX_WIDTH = {"STATE": 26, "NOTE": 26, "WAITING": 16}
 
 
-def _table(names: list[str], rows: list[dict[str, str]]) -> Table:
+def _table(names: list[str], rows: list[dict[str, str]], *, capped: bool = True) -> Table:
     table = Table(box=None, pad_edge=False, expand=False, padding=(0, 2, 0, 0))
     for name in names:
         table.add_column(
-            name, overflow="fold", no_wrap=name in _NO_WRAP, max_width=_MAX_WIDTH.get(name)
+            name,
+            overflow="fold",
+            no_wrap=name in _NO_WRAP,
+            max_width=_MAX_WIDTH.get(name) if capped else None,
         )
     for row in rows:
         table.add_row(*(row.get(name, "") for name in names))
@@ -119,15 +122,25 @@ def _render(renderable: object, width: int) -> str:
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
-def fitted_columns(rows: list[dict[str, str]], width: int) -> list[str]:
-    """The columns kept at ``width``: the least important go while the table is too wide."""
-    names = list(COLUMNS)
+def _natural(table: Table) -> int:
     console = Console(width=100_000, file=io.StringIO())  # unbounded: the natural width
+    return Measurement.get(console, console.options, table).maximum
+
+
+def fitted_columns(rows: list[dict[str, str]], width: int) -> tuple[list[str], bool]:
+    """The columns kept at ``width``, and whether the sentence columns wrap.
+
+    Every column on one line each when that fits; else the sentences wrap
+    (:data:`_MAX_WIDTH`) and the least important columns go while the table
+    is still too wide.
+    """
+    names = list(COLUMNS)
+    if _natural(_table(names, rows, capped=False)) <= width:
+        return names, False
     while True:
-        natural = Measurement.get(console, console.options, _table(names, rows)).maximum
         droppable = [n for n in names if COLUMNS[n] > _KEEP]
-        if natural <= width or not droppable:
-            return names
+        if _natural(_table(names, rows)) <= width or not droppable:
+            return names, True
         # The highest priority number goes first; of equals, the rightmost.
         names.remove(max(reversed(droppable), key=COLUMNS.__getitem__))
 
@@ -144,7 +157,8 @@ def render_table(snap: Snapshot, *, source: str, width: int = 120) -> str:
             )
         )
     rows = [row for s in snap.scopes for row in _scope_rows(s, snap)]
-    table = _table(fitted_columns(rows, width), rows)
+    names, capped = fitted_columns(rows, width)
+    table = _table(names, rows, capped=capped)
     return _render(title, width) + "\n" + _render(table, width)
 
 
