@@ -154,7 +154,7 @@ def test_the_status_table_fits_the_width_and_keeps_its_key_columns(width: int) -
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= width
     header = lines[lines.index(next(x for x in lines if x.startswith("SCOPE")))].split()
-    for key in ("SCOPE", "STATE", "DIMENSION", "USED/CAPACITY", "HEADROOM", "NOTE"):
+    for key in ("SCOPE", "STATE", "DIMENSION", "USED/CAPACITY", "NOTE"):
         assert key in header
     assert ("EFFECTIVE" in header) is (width >= 250)  # the first dropped
     assert "400/400" in text and "requests_per_day" in text
@@ -258,7 +258,7 @@ def test_the_status_command_fits_80_and_120_columns_and_json_ignores_the_width(
         lines = text.splitlines()
         assert max(len(line) for line in lines) <= columns
         header = next(line for line in lines if line.startswith("SCOPE")).split()
-        assert {"SCOPE", "STATE", "DIMENSION", "USED/CAPACITY", "HEADROOM"} <= set(header)
+        assert {"SCOPE", "STATE", "DIMENSION", "USED/CAPACITY", "NOTE"} <= set(header)
         assert "requests_per_day" in text and "5/5" in text and "--config" not in text
     (row,) = [line for line in lines if line.startswith(PROJECT + " ")]
     assert "paused, 1 h 28 min left (period_quota)" in row or "1 h 27 min left" in row

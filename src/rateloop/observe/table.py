@@ -4,8 +4,8 @@ How it works.  The scope table is a :class:`rich.table.Table` rendered at the
 terminal's width.  Its columns have priorities: while the table's natural width
 exceeds the width, the least important column still droppable goes
 (:data:`COLUMNS`, ``EFFECTIVE`` and ``AIMD`` first); the essential columns
-(``SCOPE``, ``STATE``, ``DIMENSION``, ``USED/CAPACITY``) and the useful ones
-(``HEADROOM``, ``NOTE``) are never dropped, and rich folds their cells to fit
+(``SCOPE``, ``STATE``, ``DIMENSION``, ``USED/CAPACITY``) and ``NOTE`` (when a
+day resets, a block ends) are never dropped, and rich folds their cells to fit
 what is left.  Durations and moments are said by :mod:`rateloop.observe.present`,
 as on the dashboard.
 """
@@ -32,13 +32,13 @@ __all__ = ["COLUMNS", "render_history", "render_queue", "render_table"]
 COLUMNS: dict[str, int] = {
     "SCOPE": 0,
     "STATE": 0,
-    "WAITING": 3,
-    "AIMD": 4,
+    "WAITING": 4,
+    "AIMD": 5,
     "DIMENSION": 0,
-    "LIMIT": 2,
-    "EFFECTIVE": 5,
+    "LIMIT": 3,
+    "EFFECTIVE": 6,
     "USED/CAPACITY": 0,
-    "HEADROOM": 1,
+    "HEADROOM": 2,  # USED/CAPACITY says it too
     "NOTE": 1,
 }
 _KEEP = 1  # columns of this priority or less are folded, never dropped
