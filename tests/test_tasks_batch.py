@@ -259,7 +259,7 @@ def test_a_crash_between_submit_and_checkpoint_never_submits_twice(
         out = step(context(saved[-1], saved))
     assert out.status is Status.COMPLETED
     assert out.value["status"] == {"a": "succeeded", "b": "succeeded"}
-    assert bench.fake.stats.batches == 1  # exactly once
+    assert bench.fake.stats.batches == 1 and len(out.value["batches"]) == 1  # exactly once
 
 
 @on()

@@ -145,8 +145,9 @@ class BatchStep:
             if pending is not None and pending.get("batch_id") is None:
                 found = self.provider.find(pending["key"], pending["tag"],
                                            datetime.fromisoformat(pending["marked_at"]))
-                if found.batch_id is not None:
+                if found.batch_id is not None:  # it reached the provider: adopt it
                     pending["batch_id"] = found.batch_id
+                    state.batches.append(found.batch_id)
                     ctx.save_progress(state.dump())
                 elif found.unknown:
                     return self._wait(ctx, state, now, f"looking for the batch submitted "
