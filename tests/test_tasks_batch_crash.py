@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from _worker_procs import WorkerProcs
 from rateloop.tasks import TaskRegistry, TaskRunner, open_store, task
 from rateloop.tasks.model import TaskRecord
 from rateloop.testing import FakeBatch, FakeClock, FakeProvider, FakeProviderServer
-from tests._worker_procs import WorkerProcs
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -58,19 +58,22 @@ def test_a_worker_killed_mid_batch_never_submits_it_twice(tmp_path: Path, flavor
 
     try:
         first = workers.start()
-        wait_for("the first worker to kill itself after submitting", lambda: first.poll() is not None)
+        wait_for("the first worker to kill itself", lambda: first.poll() is not None)
         assert first.returncode == -9 and mark.exists() and fake.stats.batches == 1
         progress = record().checkpoint.step_progress
         assert progress["pending"]["batch_id"] is None  # it died before saving the id
 
         second = workers.start()
-        if flavor == "openai":  # found by its metadata, then parked on it
-            wait_for("the batch to be found", lambda: (
-                (record().checkpoint.step_progress or {}).get("pending") or {}
-            ).get("batch_id") == mark.read_text())
-        else:  # a running message batch cannot be told apart: parked, looking
-            wait_for("the lookup to wait", lambda: "may be it" in record().checkpoint.reason)
-        assert record().state.value == "waiting_for_capacity"
+        def parked(rec: TaskRecord) -> bool:
+            if rec.state.value != "waiting_for_capacity":
+                return False
+            if flavor == "openai":  # found by its metadata, then parked on it
+                pending = (rec.checkpoint.step_progress or {}).get("pending") or {}
+                return bool(pending.get("batch_id") == mark.read_text())
+            # a running message batch cannot be told apart: parked, looking
+            return "may be it" in rec.checkpoint.reason
+
+        wait_for("the second worker to park on the batch", lambda: parked(record()))
         workers.kill(second)  # killed while the batch is in flight
 
         third = workers.start()
