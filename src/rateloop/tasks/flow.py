@@ -34,6 +34,11 @@ The rules, in order:
    without running it; ``not_applied`` on every route runs it; no check, a check
    that cannot tell, or one that raises → ``needs_operator``
    (``unknown_outcome``), and an operator's ``retry`` then runs it.
+7. A step may checkpoint its own progress while it runs (``ctx.save_progress``,
+   performed by the runner on the record of its :class:`RunStep`, fenced); the
+   next delivery of the step reads it in ``ctx.progress``; completing the step
+   clears it.  A long operation (a provider's batch) records what it started
+   there before it can be lost, and parks with a waiting outcome between polls.
 
 Every checkpoint of a running task is also a lease check: a refused save (the
 fence moved: the lease was taken, or an operator cancelled) ends the delivery
@@ -76,6 +81,8 @@ class RunStep:
     context: StepContext
     deadline: datetime | None
     priority: Priority
+    #: The record as it stands: a progress save (``ctx.save_progress``) writes it, fenced.
+    record: TaskRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,8 @@ class StepResult:
     outcome: Outcome | None
     error: BaseException | None
     now: datetime
+    #: ``(value,)``: the last progress the step saved while it ran; ``None``: it saved none.
+    progress: tuple[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +239,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             results={s.name: s.result for s in ck.completed_steps},
             idempotency_key=f"{ck.idempotency_key}:{step.name}",
             delivery=rec.deliveries,
+            progress=ck.step_progress,
         )
         earlier: Outcome | None = None
         in_flight = ck.pending_operation
@@ -250,8 +260,10 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                 if not ack.ok:
                     return None
                 now = ack.now
-            result = yield RunStep(step, context, rec.deadline, rec.priority)
+            result = yield RunStep(step, context, rec.deadline, rec.priority, rec)
             rec = rec.with_checkpoint(pending_operation=pending)  # the write answered
+            if result.progress is not None:  # already saved; later saves must keep it
+                rec = rec.with_checkpoint(step_progress=result.progress[0])
         now = result.now
         if result.error is not None:
             # The exception's type only: its message may quote a prompt or a secret.
@@ -285,6 +297,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                     index=index, name=step.name, status=out.status.value, result=value,
                     attempts=out.attempts.loop)),
                 pending_operation=None,
+                step_progress=None,
             )
             if index + 1 == len(steps):
                 break
