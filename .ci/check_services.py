@@ -1,8 +1,10 @@
-"""Fail when Redis or PostgreSQL tests were skipped, or when none of them ran.
+"""Fail when service or engine tests were skipped, or when none of them ran.
 
-Reads the JUnit XML that pytest wrote.  A test counts as a service test when
-its name or class names the service (``redis`` / ``postgres``) or when its skip
-message does.  Redis and PostgreSQL tests must both exist and run.
+Reads the JUnit XML that pytest wrote.  A test counts as a service test when its name or
+class names the service (``redis`` / ``postgres`` / ``rabbitmq``, or the engine:
+``temporal`` / ``celery`` / ``dbos``) or when its skip message does.  Every one of them must
+exist and run: optional for users, required in CI (the Temporal dev server is started by the
+tests themselves).
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 
-SERVICES = {"redis": ("redis",), "postgres": ("postgres", "psycopg", "pg_")}
-REQUIRED = {"redis", "postgres"}  # services with tests: none running is a failure
+SERVICES = {"redis": ("redis",), "postgres": ("postgres", "psycopg", "pg_"),
+            "rabbitmq": ("rabbitmq",), "temporal": ("temporal",), "celery": ("celery",),
+            "dbos": ("dbos",)}
+REQUIRED = set(SERVICES)  # services with tests: none running is a failure
 
 
 def main(path: str) -> int:

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-Redis and PostgreSQL tests use the real servers on 127.0.0.1.  When a server
+Redis, PostgreSQL and RabbitMQ tests use the real servers on 127.0.0.1.  When a server
 is not reachable the test is skipped, unless ``RATELOOP_REQUIRE_SERVICES=1``
 (set by ``.ci/run``), in which case it fails: services are optional for
 users but required in CI.
@@ -17,6 +17,7 @@ import pytest
 from rateloop.testing import FakeClock
 
 REDIS_URL = os.environ.get("RATELOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+RABBITMQ_URL = os.environ.get("RATELOOP_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 POSTGRES_DSN = os.environ.get("RATELOOP_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -81,3 +82,18 @@ def postgres_dsn() -> str:
     except Exception as exc:
         _unavailable(f"PostgreSQL at {POSTGRES_DSN}", exc)
     return POSTGRES_DSN
+
+
+@pytest.fixture
+def rabbitmq_url() -> str:
+    """The URL of a reachable RabbitMQ (the Celery tests' broker), or skip (fail in CI)."""
+    try:
+        import kombu
+    except ImportError as exc:
+        _unavailable("kombu", exc)
+    try:
+        with kombu.Connection(RABBITMQ_URL, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:
+        _unavailable(f"RabbitMQ at {RABBITMQ_URL}", exc)
+    return RABBITMQ_URL

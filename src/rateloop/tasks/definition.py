@@ -20,7 +20,12 @@ from typing import Any
 
 from rateloop.route import Cost, Route
 
-__all__ = ["Step", "StepContext", "Task", "TaskRegistry", "registry", "task"]
+__all__ = ["LeaseLost", "Step", "StepContext", "Task", "TaskRegistry", "registry", "task"]
+
+
+class LeaseLost(RuntimeError):
+    """A step's progress checkpoint was refused: the fence moved (the lease was taken, or an
+    operator cancelled the task).  The step must stop: another delivery owns the task now."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +44,22 @@ class StepContext:
     results: Mapping[str, Any]
     idempotency_key: str
     delivery: int
+    #: What this step saved with :meth:`save_progress` in an earlier delivery (or None).
+    progress: Any = None
+    saver: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
+
+    def save_progress(self, progress: Any) -> None:
+        """Checkpoint this step's progress now, before it does what must not be done twice.
+
+        ``progress`` is JSON; the next delivery of this step (a wake, a
+        redelivery after a crash) reads it back in :attr:`progress`.  It is
+        cleared when the step completes.  Raises :class:`LeaseLost` when the
+        store refuses the save (the step must stop), ``TypeError`` for a value
+        that is not JSON, and ``RuntimeError`` outside a runner.
+        """
+        if self.saver is None:
+            raise RuntimeError(f"step {self.step!r} has no runner to save its progress")
+        self.saver(progress)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,11 @@ The rules, in order:
    without running it; ``not_applied`` on every route runs it; no check, a check
    that cannot tell, or one that raises → ``needs_operator``
    (``unknown_outcome``), and an operator's ``retry`` then runs it.
+7. A step may checkpoint its own progress while it runs (``ctx.save_progress``,
+   performed by the runner on the record of its :class:`RunStep`, fenced); the
+   next delivery of the step reads it in ``ctx.progress``; completing the step
+   clears it.  A long operation (a provider's batch) records what it started
+   there before it can be lost, and parks with a waiting outcome between polls.
 
 Every checkpoint of a running task is also a lease check: a refused save (the
 fence moved: the lease was taken, or an operator cancelled) ends the delivery
@@ -55,7 +60,16 @@ from rateloop.tasks.model import CompletedStep, PendingOperation, TaskRecord
 from rateloop.tasks.states import TaskState
 from rateloop.timing.writes import WriteOutcome, normalize_write_outcome
 
-__all__ = ["CheckReply", "CheckWrite", "RunStep", "Save", "SaveAck", "StepResult", "task_flow"]
+__all__ = [
+    "CheckReply",
+    "CheckWrite",
+    "RunStep",
+    "Save",
+    "SaveAck",
+    "StepResult",
+    "earlier_write",
+    "task_flow",
+]
 
 #: Where a waiting outcome carries no retry_at (it should), try again after this long.
 DEFAULT_PARK_SECS = 60.0
@@ -67,6 +81,8 @@ class RunStep:
     context: StepContext
     deadline: datetime | None
     priority: Priority
+    #: The record as it stands: a progress save (``ctx.save_progress``) writes it, fenced.
+    record: TaskRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +90,8 @@ class StepResult:
     outcome: Outcome | None
     error: BaseException | None
     now: datetime
+    #: ``(value,)``: the last progress the step saved while it ran; ``None``: it saved none.
+    progress: tuple[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +141,11 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
-    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now."""
+def earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Outcome | None]:
+    """Rule 6: the outcome of an earlier delivery's unanswered write; None to run it now.
+
+    Shared with the Celery integration (:mod:`rateloop.integrations.celery`), whose
+    redelivered writes are settled by the same rule."""
     routes = (step.route, *(step.fallbacks or ())) if step.route is not None else ()
     unknown = (f"unknown_outcome: step {step.name} (a write) may have taken effect in an "
                "earlier delivery")
@@ -218,12 +239,13 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             results={s.name: s.result for s in ck.completed_steps},
             idempotency_key=f"{ck.idempotency_key}:{step.name}",
             delivery=rec.deliveries,
+            progress=ck.step_progress,
         )
         earlier: Outcome | None = None
         in_flight = ck.pending_operation
         if (not step.idempotent and in_flight is not None and in_flight.step == step.name
                 and in_flight.started_delivery is not None):
-            earlier = yield from _earlier_write(step, context)
+            earlier = yield from earlier_write(step, context)
             if earlier is not None and not earlier.status.succeeded:
                 # The operator decides; a retry of theirs runs the write again.
                 rec = rec.with_checkpoint(pending_operation=pending)
@@ -238,8 +260,10 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                 if not ack.ok:
                     return None
                 now = ack.now
-            result = yield RunStep(step, context, rec.deadline, rec.priority)
+            result = yield RunStep(step, context, rec.deadline, rec.priority, rec)
             rec = rec.with_checkpoint(pending_operation=pending)  # the write answered
+            if result.progress is not None:  # already saved; later saves must keep it
+                rec = rec.with_checkpoint(step_progress=result.progress[0])
         now = result.now
         if result.error is not None:
             # The exception's type only: its message may quote a prompt or a secret.
@@ -273,6 +297,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                     index=index, name=step.name, status=out.status.value, result=value,
                     attempts=out.attempts.loop, rung=out.rung, cost_usd=out.cost_usd)),
                 pending_operation=None,
+                step_progress=None,
             )
             if index + 1 == len(steps):
                 break

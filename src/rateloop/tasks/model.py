@@ -173,8 +173,12 @@ class Checkpoint:
     outcome_check: str | None = None
     user_visible_status: str = "queued"
     reason: str = ""
+    #: What the current step saved of its own progress (``ctx.save_progress``): JSON, or None.
+    step_progress: Any = None
 
     def to_json(self) -> str:
+        # Written only while set: checkpoints of steps that save none keep their old shape.
+        progress = {} if self.step_progress is None else {"step_progress": self.step_progress}
         return json.dumps(
             {
                 "task_id": self.task_id,
@@ -194,6 +198,7 @@ class Checkpoint:
                 "outcome_check": self.outcome_check,
                 "user_visible_status": self.user_visible_status,
                 "reason": self.reason,
+                **progress,
             },
             sort_keys=True,
         )
@@ -219,6 +224,7 @@ class Checkpoint:
             outcome_check=data.get("outcome_check"),
             user_visible_status=data.get("user_visible_status", ""),
             reason=data.get("reason", ""),
+            step_progress=data.get("step_progress"),
         )
 
 

@@ -1,0 +1,1 @@
+"""The private parts of :mod:`rateloop.integrations.temporal` (import that module, not these)."""
