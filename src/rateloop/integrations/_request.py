@@ -222,7 +222,9 @@ def read_request(
     origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
     fingerprint = key_fingerprint(origin, _api_key(headers, parts.query))
     project = f"{host.replace(':', '_') or 'local'}-{fingerprint}"
-    route = Route(provider=provider, model=model, project=project)
+    # OpenAI's flex processing has capacity of its own: the route's tier keeps it apart.
+    tier = "flex" if body.get("service_tier") == "flex" else "standard"
+    route = Route(provider=provider, model=model, project=project, tier=tier)
     method = method.upper()
     model_call = method == "POST" and path.endswith(_MODEL_PATHS)
     stream = body.get("stream") is True or ":streamGenerateContent" in path

@@ -35,10 +35,14 @@ from typing import Any
 
 from rateloop.admission.profile import reports_tokens
 from rateloop.loop.sdk_count import sdk_retries_taken
-from rateloop.route import Cost, Route
+from rateloop.route import TIERS, Cost, Route
 from rateloop.signal import Kind, LimitSignal
 
+#: How Read names the capacity pool of a service tier (``tier:flex``: OpenAI's flex).
+TIER_SCOPE_PREFIX = "tier:"
+
 __all__ = [
+    "TIER_SCOPE_PREFIX",
     "Book",
     "Call",
     "Effect",
@@ -160,8 +164,10 @@ Effect = (
 def observed_scope(signal: LimitSignal, route: Route) -> str:
     """The scope a signal speaks for: where the loop observes it and pauses.
 
-    The route's provider scope (``provider:model[:project]``), unless the
-    signal came from another provider than the route's -- a tool the call
+    The route's provider scope (``provider:model[:project]``); for a refusal
+    of a tier's own capacity (``tier:flex``) the same at that tier
+    (``openai:gpt-5~flex:proj``); unless the signal came from another
+    provider than the route's -- a tool the call
     used, such as GitHub answering inside a model step -- and names a scope
     off the route's path (``tool:github:core``): then that scope, so that a
     tool's limit never pauses the model.  A scope on the route's path (a
@@ -170,6 +176,11 @@ def observed_scope(signal: LimitSignal, route: Route) -> str:
     """
     own = route.provider_scope
     named = signal.scope
+    if named and named.startswith(TIER_SCOPE_PREFIX):
+        # A tier's own capacity refused (flex): the route's scope at that tier, never the
+        # standard tier's, whoever named it.
+        tier = named[len(TIER_SCOPE_PREFIX) :]
+        return route.with_tier(tier).provider_scope if tier in TIERS else own
     if not named or signal.provider == route.provider:
         return own
     if own == named or own.startswith(named + ":") or named.startswith(own + ":"):

@@ -295,7 +295,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                 current_step=index + 1,
                 completed_steps=(*rec.checkpoint.completed_steps, CompletedStep(
                     index=index, name=step.name, status=out.status.value, result=value,
-                    attempts=out.attempts.loop)),
+                    attempts=out.attempts.loop, rung=out.rung, cost_usd=out.cost_usd)),
                 pending_operation=None,
                 step_progress=None,
             )

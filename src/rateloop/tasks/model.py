@@ -89,17 +89,26 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class CompletedStep:
-    """A finished step: its status, what it returned (or a reference to it), its attempts."""
+    """A finished step: its status, what it returned (or a reference to it), its attempts.
+
+    ``rung`` and ``cost_usd`` are the outcome's (the ladder rung it finished on,
+    what it cost there; docs/ladder.md), written only when known.
+    """
 
     index: int
     name: str
     status: str
     result: Any = None
     attempts: int = 0
+    rung: str | None = None
+    cost_usd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        # Written only when set: checkpoints of steps without them keep their shape.
+        extra = {k: v for k, v in (("rung", self.rung), ("cost_usd", self.cost_usd))
+                 if v is not None}
         return {"index": self.index, "name": self.name, "status": self.status,
-                "result": self.result, "attempts": self.attempts}
+                "result": self.result, "attempts": self.attempts, **extra}
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +294,11 @@ def runtime_summary(record: TaskRecord) -> dict[str, Any]:
     """
     ck = record.checkpoint
     pending = ck.pending_operation
+    by_rung: dict[str, float] = {}
+    for done in ck.completed_steps:
+        if done.cost_usd is not None:
+            rung = done.rung or "standard"
+            by_rung[rung] = by_rung.get(rung, 0.0) + done.cost_usd
     return {
         "task_id": record.task_id,
         "task": record.name,
@@ -298,4 +312,7 @@ def runtime_summary(record: TaskRecord) -> dict[str, Any]:
         "reason": ck.reason,
         "user_visible_status": ck.user_visible_status,
         "user_message_policy": USER_MESSAGE_POLICY,
+        # What the finished steps cost, in all and by the ladder rung they finished on.
+        "cost_usd": sum(by_rung.values()) if by_rung else None,
+        "cost_by_rung": dict(sorted(by_rung.items())),
     }
