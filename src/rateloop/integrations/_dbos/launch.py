@@ -38,8 +38,8 @@ def check_system_database(url: str, *, connect_timeout: float = 5.0) -> None:
             return
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendError(
-            f"the DBOS system database at {redact_url(url)} is not reachable ({first}): start PostgreSQL "
-            "there, or set system_database_url to a running server"
+            f"the DBOS system database at {redact_url(url)} is not reachable ({first}): "
+            "start PostgreSQL there, or set system_database_url to a running server"
         ) from exc
 
 
