@@ -42,6 +42,7 @@ import json
 import math
 import random
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,6 +159,7 @@ class LadderResult:
     refusals: int
     successes: int
     lost: int
+    batches: int = 0  # batches submitted to the provider's batch endpoints
     bulk_on: Counter[str] = field(default_factory=Counter)  # rung -> bulk calls answered there
 
     def interactive_p95(self) -> float | None:
@@ -187,6 +189,7 @@ class LadderResult:
             "interactive_calls": self.interactive_calls,
             "refusals_per_success": None if math.isinf(rps) else round(rps, 4),
             "lost": self.lost,
+            "batches": self.batches,
             "bulk_on": dict(sorted(self.bulk_on.items())),
         }
 
@@ -228,6 +231,7 @@ class _Run:
     batch_rounds: dict[int, int] = field(default_factory=dict)
     batch_task: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    spawned: list[asyncio.Task[None]] = field(default_factory=list)
     transit_rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -307,9 +311,15 @@ class _Run:
                 self.to_batch(item)
             elif outcome.retry_at is not None:
                 wait = (outcome.retry_at - self.clock.now()).total_seconds()
-                asyncio.ensure_future(self.requeue(item, wait))
+                self.spawn(self.requeue(item, wait))
             else:
                 self.settle(lost=True)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` beside the workers; its errors surface at the end of the run."""
+        task = asyncio.ensure_future(work)
+        self.spawned.append(task)
+        return task
 
     async def requeue(self, item: int, wait: float) -> None:
         await self.clock.asleep(wait)  # parked, as a task waits for its retry_at
@@ -334,12 +344,12 @@ class _Run:
     def to_batch(self, item: int) -> None:
         self.batch_waiting.append(item)
         if self.batch_task is None or self.batch_task.done():
-            self.batch_task = asyncio.ensure_future(self.submit_after_collecting())
+            self.batch_task = self.spawn(self.submit_after_collecting())
 
     async def submit_after_collecting(self) -> None:
         await self.clock.asleep(self.sc.batch_collect_secs)
         items, self.batch_waiting = self.batch_waiting, []
-        asyncio.ensure_future(self.run_batch(items))
+        self.spawn(self.run_batch(items))
 
     async def run_batch(self, items: list[int]) -> None:
         inp, max_tokens, out = self.sc.bulk_tokens
@@ -406,7 +416,7 @@ class _Run:
         await self.done.wait()
         for _ in workers:
             self.queue.put_nowait(-1)
-        await asyncio.gather(*workers)
+        await asyncio.gather(*workers, *self.spawned)
         t = self.tally
         stats = (self.big.stats, self.small.stats)
         return LadderResult(
@@ -422,6 +432,7 @@ class _Run:
             successes=sum(s.served for s in stats) + t.batch_ok,
             lost=t.lost,
             bulk_on=t.served_on,
+            batches=self.big.stats.batches,
         )
 
 
