@@ -63,7 +63,6 @@ from rateloop.outcome.events import DecisionKind
 from rateloop.outcome.record import Outcome, Status
 from rateloop.route import Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing.budget import CallBudget
 from rateloop.timing.decide import (
     ARRIVAL_SLACK_SECS,
     Decision,
@@ -76,7 +75,7 @@ from rateloop.timing.decide import (
     decide_admission,
     decide_write,
 )
-from rateloop.timing.ladder import ladder_chain, tier_discount
+from rateloop.timing.ladder import tier_discount
 from rateloop.timing.state import (
     LoopState,
     count_sdk_retries,
@@ -127,27 +126,17 @@ class _Run:
         deadline = (
             start + (spec.deadline - wall0).total_seconds() if spec.deadline is not None else None
         )
+        # Checked once per policy: the budget's bounds, the backoff, the route's chain.
+        prepared = loop._prepare()
         # enabled = false: the loop steps aside; one attempt, no admission, no wait.
-        on = policy.enabled
-        self.limiter = loop.limiter if on else None
-        budget = CallBudget(
-            max_attempts=policy.max_attempts if on else 1,
-            recovery_budget_secs=policy.recovery_budget_secs,
-            max_error_attempts=policy.max_error_attempts if on else 1,
-            started_at=start,
-            deadline=deadline,
-            max_wait_secs=policy.max_wait_secs,
-            run=loop.run_budget,
-        )
-        chain, rungs, ladder = ladder_chain(
-            spec.route, spec.fallbacks, policy.ladder if on else None, spec.priority
-        )
+        self.limiter = loop.limiter if prepared.enabled else None
+        chain, rungs, ladder = prepared.chain(spec)
         self.state = LoopState(
             chain=chain,
             rungs=rungs,
             ladder=ladder,
-            budget=budget,
-            backoff=policy.backoff(rng=loop.rng),
+            budget=prepared.budget.fresh(started_at=start, deadline=deadline),
+            backoff=prepared.backoff,
             epoch=(start, wall0),
             cost=spec.cost,
             data_class=spec.data_class,
