@@ -19,9 +19,13 @@ The steps of one attempt, each a sub-generator composed with ``yield from``:
 3. :meth:`_Run.settle_and_observe` -- settle the reservation (or let the
    ``keep_reservation`` hook take it), release it on a refusal, feed the
    provider's word to the limiter and pause the scope it names.
-4. :meth:`_Run.respond` -- a success ends the call; an exception no
-   classifier knows is re-raised (a bug, not a refusal); a refusal is
-   recorded and goes on to steps 5 and 6.
+4. :meth:`_Run.succeed` -- a success ends the call; :meth:`_Run.respond`
+   -- an exception no classifier knows is re-raised (a bug, not a refusal);
+   a refusal is recorded and goes on to steps 5 and 6.
+
+Without a limiter steps 1 and 3 have nothing to do and are not entered, and a
+success ends in a plain call: the common call, a first-try success, builds
+as few generators and objects as it can (``bench/hotpath_bench.py``).
 5. :meth:`_Run.guard_write` -- a write that may have taken effect is never
    retried blindly (rule 9).
 6. :meth:`_Run.apply` -- ask the decider, then wait and retry, wait and
@@ -105,6 +109,7 @@ class _Attempted:
     result: Returned | Raised
     signal: LimitSignal
     now: float  # monotonic, read when the signal was known
+    usage: Any | None  # what a success reports it used (``usage_of``), read once
 
 
 class _BaseRateLoop(_LoopConfig):
@@ -155,15 +160,20 @@ class _Run:
                 )
             assert isinstance(step, Proceed)
             route = step.route
-            admitted = yield from self.admit(route)
-            if isinstance(admitted, Outcome):
-                return admitted
-            if admitted is _MOVED:
-                continue
+            admitted = None
+            if self.limiter is not None:  # (steps 1 and 3 have nothing to do without one)
+                admitted = yield from self.admit(route)
+                if isinstance(admitted, Outcome):
+                    return admitted
+                if admitted is _MOVED:
+                    continue
             attempted = yield from self.attempt(route, admitted)
             if isinstance(attempted, Outcome):
                 return attempted
-            yield from self.settle_and_observe(route, admitted, attempted)
+            if self.limiter is not None:
+                yield from self.settle_and_observe(route, admitted, attempted)
+            if attempted.signal.kind is Kind.OK:
+                return self.succeed(route, attempted)
             ended = yield from self.respond(route, attempted)
             if ended is not None:
                 return ended
@@ -171,9 +181,7 @@ class _Run:
     # -- 1. admit ----------------------------------------------------------------------
 
     def admit(self, route: Route) -> _Flow[Any]:
-        """A reservation on ``route`` (None without a limiter), ``_MOVED``, or the outcome."""
-        if self.limiter is None:
-            return None
+        """A reservation on ``route``, ``_MOVED``, or the outcome (asked with a limiter only)."""
         self.loop._check_limits_keys(route)
         state, report = self.state, self.report
         while True:
@@ -260,7 +268,11 @@ class _Run:
             yield from self.release(reservation)
             return report.finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
         report.ledger.record_loop()
-        result: Returned | Raised = yield from self.holding(reservation, Call(route))
+        result: Returned | Raised
+        if reservation is None:
+            result = yield Call(route)
+        else:
+            result = yield from self.holding(reservation, Call(route))
         if isinstance(result, Raised):
             report.last_error = result.error
         retries = sdk_retries(result)
@@ -276,7 +288,8 @@ class _Run:
             raise
         report.signal = signal
         record_answer(state, signal)  # any answer: this endpoint is there
-        return _Attempted(result, signal, self.clock.monotonic())
+        usage = usage_of(result) if signal.kind is Kind.OK else None
+        return _Attempted(result, signal, self.clock.monotonic(), usage)
 
     # -- 3. settle and observe ---------------------------------------------------------
 
@@ -288,14 +301,14 @@ class _Run:
         if reservation is not None:
             if signal.kind is not Kind.OK:
                 yield Release(reservation)  # the request still counts
-            elif (usage := usage_of(attempted.result)) is not None:
+            elif attempted.usage is not None:
                 # Read as the provider's accounting profile says (cache reads, ...).
-                yield SettleUsage(reservation, usage)
+                yield SettleUsage(reservation, attempted.usage)
             else:
                 cost = self.spec.cost
                 yield Settle(reservation, cost.input_tokens, cost.output_tokens)
-        if self.limiter is None:
-            return
+        if signal.kind is Kind.OK and not signal.observed:
+            return  # nothing to learn from, and a success never pauses a scope
         # The provider speaks for the scope it limits (the project), every tenant
         # included; a tool the call used speaks for the tool's own scope.
         scope = observed_scope(signal, route)
@@ -315,17 +328,19 @@ class _Run:
 
     # -- 4. respond to what came back -------------------------------------------------
 
+    def succeed(self, route: Route, attempted: _Attempted) -> Outcome:
+        """Step 4 on a success: the call ends here (no effect left to perform)."""
+        done = decide(self.state, attempted.signal, self.policy, attempted.now)
+        assert isinstance(done, Stop)
+        result = attempted.result
+        value = result.value if isinstance(result, Returned) else None
+        return self.report.finish(
+            done.status, done.reason, value=value, cost_usd=self.price(route, attempted.usage)
+        )
+
     def respond(self, route: Route, attempted: _Attempted) -> _Flow[Outcome | None]:
-        """Steps 4-6: the outcome when the call ends here, None to go round again."""
+        """Steps 4-6 after a refusal: the outcome when the call ends here, None to go round."""
         state, signal, now = self.state, attempted.signal, attempted.now
-        if signal.kind is Kind.OK:
-            done = decide(state, signal, self.policy, now)
-            assert isinstance(done, Stop)
-            result = attempted.result
-            value = result.value if isinstance(result, Returned) else None
-            return self.report.finish(
-                done.status, done.reason, value=value, cost_usd=self.price(route, result)
-            )
         self.surface_bug(attempted)
         record_refusal(state, now, signal.kind)
         ended = yield from self.guard_write(route, attempted)
@@ -333,13 +348,12 @@ class _Run:
             return ended
         return (yield from self.apply(decide(state, signal, self.policy, now), route))
 
-    def price(self, route: Route, result: Returned | Raised) -> float | None:
-        """What the served call cost on ``route``: the reported usage, else the reservation.
+    def price(self, route: Route, usage: Any | None) -> float | None:
+        """What the served call cost on ``route``: the reported ``usage``, else the reservation.
 
         Tokens as the provider's accounting counts them (cache discounts are not
         applied), at the route's prices less its tier's discount.
         """
-        usage = usage_of(result)
         if usage is not None:
             tokens = usage_charge(profile_for(route.provider), usage)
         else:

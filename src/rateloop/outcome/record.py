@@ -41,7 +41,7 @@ class Status(StrEnum):
     @property
     def succeeded(self) -> bool:
         """True for ``completed`` and ``degraded``: the work was done."""
-        return self in (Status.COMPLETED, Status.DEGRADED)
+        return self is Status.COMPLETED or self is Status.DEGRADED  # (``in`` compares strings)
 
 
 @dataclass(frozen=True, slots=True)
