@@ -187,6 +187,9 @@ class _Run:
         while True:
             granted = yield self.booking(route)
             if not isinstance(granted, Denied):
+                # A start now (the common grant) has nothing to wait for.
+                if not getattr(granted, "starts_in", 0.0) > 0:
+                    return granted
                 if (yield from self.await_start(route, granted)):
                     return granted
                 continue
@@ -218,10 +221,8 @@ class _Run:
         return Reserve(route, spec.cost, spec.priority)
 
     def await_start(self, route: Route, reservation: Any) -> _Flow[bool]:
-        """Sleep until a booked start; False when a refusal meanwhile voided the booking."""
-        starts_in = getattr(reservation, "starts_in", 0.0)
-        if not starts_in > 0:
-            return True
+        """Sleep until a booked start ahead; False when a refusal meanwhile voided the booking."""
+        starts_in: float = reservation.starts_in
         why = f"booked capacity on {route.scope}"
         sleep = self.report.wait_for(
             starts_in + ARRIVAL_SLACK_SECS, DecisionKind.ADMISSION_WAIT, route, why
