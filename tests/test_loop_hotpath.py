@@ -106,3 +106,14 @@ def test_a_disabled_policy_still_steps_aside() -> None:
     fn = Refusing(times=1)
     outcome = loop.call(fn, route=A, fallbacks=[B])
     assert fn.calls == 1 and outcome.status is Status.FAILED_RETRY_EXHAUSTED
+
+
+def test_alternating_routes_each_get_their_own_spec_and_chain() -> None:
+    # The last-route shortcut must not hand one route's spec or chain to another.
+    loop = RateLoop(Policy(), clock=FakeClock(), sinks=[])
+    for _ in range(3):
+        for route in (A, B, A, A, B):
+            outcome = loop.call(lambda r: r.model, route=route)
+            assert (outcome.value, outcome.route) == (route.model, route)
+    spec = loop._spec(B, {})
+    assert loop._prepare().chain(spec)[0] == (B,)

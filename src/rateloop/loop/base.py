@@ -84,7 +84,7 @@ class _Prepared:
     budget is another object.
     """
 
-    __slots__ = ("backoff", "budget", "chains", "enabled", "policy", "rng", "run", "specs")
+    __slots__ = ("backoff", "budget", "chains", "enabled", "last", "policy", "rng", "run", "specs")
 
     def __init__(
         self, policy: Policy, rng: Callable[[], float] | None, run: RunBudget | None
@@ -103,21 +103,31 @@ class _Prepared:
         )
         self.specs: dict[Route, CallSpec] = {}
         self.chains: dict[tuple[Route, tuple[Route, ...], str], Chain] = {}
+        # The last option-less call's route, spec and chain: the same Route object again
+        # (the usual case) is recognised by identity, without hashing its nine fields.
+        self.last: tuple[Route, CallSpec, Chain] | None = None
 
     def spec(self, clock: Clock, route: Route, options: CallOptions) -> CallSpec:
         """The checked spec of a call; a call with no options on a known route costs a lookup."""
         if options or type(route) is not Route:
             return call_spec(self.policy, clock, route, options)
+        last = self.last
+        if last is not None and last[0] is route:
+            return last[1]
         spec = self.specs.get(route)
         if spec is None:
             spec = call_spec(self.policy, clock, route, options)
             if len(self.specs) >= _CACHED_ROUTES:
                 self.specs.clear()
             self.specs[route] = spec
+        self.last = (route, spec, self.chain(spec))
         return spec
 
     def chain(self, spec: CallSpec) -> Chain:
         """The call's chain of routes, rungs and ladder (``ladder_chain``), cached by route."""
+        last = self.last
+        if last is not None and last[1] is spec:
+            return last[2]
         key = (spec.route, spec.fallbacks, spec.priority)
         chain = self.chains.get(key)
         if chain is None:
