@@ -269,11 +269,11 @@ class _Run:
             yield from self.release(reservation)
             return report.finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
         report.ledger.record_loop()
-        result: Returned | Raised
-        if reservation is None:
-            result = yield Call(route)
-        else:
-            result = yield from self.holding(reservation, Call(route))
+        try:  # ``holding``, inlined: one generator fewer on every attempt
+            result: Returned | Raised = yield Call(route)
+        except BaseException:
+            yield from self.release(reservation)
+            raise
         if isinstance(result, Raised):
             report.last_error = result.error
         retries = sdk_retries(result)
