@@ -54,6 +54,8 @@ def _positive_int(owner: str, name: str, value: object) -> int:
 
 
 def _seconds(owner: str, name: str, value: object) -> float:
+    if type(value) is float and not math.isnan(value):  # a clock's reading: the fast path
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise ValueError(f"{owner} {name} must be a number of seconds, got {value!r}")
     return float(value)
