@@ -11,9 +11,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from rateloop.admission.limiter import MAX_BOOK_SECONDS, Limiter, _book_seconds
+from rateloop.admission.reservation import Reservation
+from rateloop.admission.spec import LimitSpec
 from rateloop.loop import RateLoop
 from rateloop.loop.base import _CACHED_ROUTES
-from rateloop.outcome.record import Status
+from rateloop.outcome.record import AttemptLedger, Attempts, Status
 from rateloop.policy import Policy
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
@@ -117,3 +120,34 @@ def test_alternating_routes_each_get_their_own_spec_and_chain() -> None:
             assert (outcome.value, outcome.route) == (route.model, route)
     spec = loop._spec(B, {})
     assert loop._prepare().chain(spec)[0] == (B,)
+
+
+@pytest.mark.parametrize(
+    ("within", "expected"),
+    [(0.0, 0.0), (2.5, 2.5), (7, 7.0), (MAX_BOOK_SECONDS * 2, MAX_BOOK_SECONDS)],
+)
+def test_book_within_accepts_seconds_and_caps_them(within: float, expected: float) -> None:
+    limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=60)}, clock=FakeClock())
+    granted = limiter.try_reserve(A, Cost(), book_within=within)
+    assert isinstance(granted, Reservation)
+    assert _book_seconds(within) == expected and type(_book_seconds(within)) is float
+
+
+@pytest.mark.parametrize("within", [float("nan"), -0.5, -1, True, "1"])
+def test_book_within_refuses_what_is_no_wait(within: object) -> None:
+    limiter = Limiter(limits={A.scope: LimitSpec(requests_per_minute=60)}, clock=FakeClock())
+    with pytest.raises(ValueError, match="book_within must be seconds >= 0"):
+        limiter.try_reserve(A, Cost(), book_within=within)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), True, "3"])
+def test_call_budget_checks_its_seconds(bad: object) -> None:
+    with pytest.raises(ValueError, match="started_at must be a number of seconds"):
+        CallBudget(max_attempts=1, recovery_budget_secs=1, started_at=bad)  # type: ignore[arg-type]
+
+
+def test_a_first_try_snapshot_is_shared_and_others_are_exact() -> None:
+    one = AttemptLedger(loop=1).snapshot()
+    assert one is AttemptLedger(loop=1).snapshot() and one == Attempts(loop=1)
+    for counts in ({"loop": 2}, {"loop": 1, "sdk": 1}, {"loop": 1, "redeliveries": 3}, {}):
+        assert AttemptLedger(**counts).snapshot() == Attempts(**counts)

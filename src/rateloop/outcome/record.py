@@ -65,6 +65,10 @@ class Attempts:
         return f"Attempts(loop={self.loop}, sdk={self.sdk}, redeliveries={self.redeliveries})"
 
 
+#: The attempts of a call done on its first try: most calls' (a frozen value, shared).
+_ONE_ATTEMPT = Attempts(loop=1)
+
+
 class AttemptLedger:
     """A thread-safe running count of attempts by layer."""
 
@@ -94,8 +98,12 @@ class AttemptLedger:
             self.redeliveries += n
 
     def snapshot(self) -> Attempts:
+        """The counts now, frozen (a first-try call's, ``loop=1``, is one shared value)."""
         with self._lock:
-            return Attempts(loop=self.loop, sdk=self.sdk, redeliveries=self.redeliveries)
+            loop, sdk, redeliveries = self.loop, self.sdk, self.redeliveries
+        if loop == 1 and not sdk and not redeliveries:
+            return _ONE_ATTEMPT
+        return Attempts(loop=loop, sdk=sdk, redeliveries=redeliveries)
 
     def __repr__(self) -> str:
         return f"AttemptLedger(loop={self.loop}, sdk={self.sdk}, redeliveries={self.redeliveries})"
