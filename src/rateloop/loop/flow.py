@@ -104,7 +104,7 @@ class _Moved:
 _MOVED: Final = _Moved()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per attempt, and frozen fields cost a call each
 class _Attempted:
     result: Returned | Raised
     signal: LimitSignal
