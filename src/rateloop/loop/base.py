@@ -4,7 +4,9 @@ It holds what a loop is built with (checked by :mod:`rateloop.loop.args`),
 the public ways to derive a loop from another (:meth:`_LoopConfig.like`,
 :meth:`_LoopConfig.replace`), and the small services the flow calls back
 into: classifying a result, emitting an event, the one-time warnings, and
-turning an outcome into an exception.
+turning an outcome into an exception.  What every call starts from (the
+backoff, the budget's bounds, a route's spec and chain) is checked and built
+once per policy, in :class:`_Prepared`, not on every call.
 """
 
 from __future__ import annotations
