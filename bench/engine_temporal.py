@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -115,6 +116,8 @@ def trace(log: ResultLog, i: int, r: ActivityReport) -> None:
 def print_trace(log: ResultLog) -> None:
     """Where the seconds went: ends by reason, admission waits, dispatch latency."""
     rows = log.traces()
+    if path := os.environ.get("RATELOOP_BENCH_TRACE_FILE"):  # every record, for a closer look
+        Path(path).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     ends = collections.Counter((r["status"], r["reason"]) for r in rows)
     print(f"engine attempts traced: {len(rows)}")
     for (status, reason), n in ends.most_common():

@@ -117,7 +117,13 @@ class CarriedBooking:
 
     route: Route
     starts_in: float
-    stale: bool = False
+    limiter: Limiter
+    start: float  # in the limiter backend's time, for the refusal check
+
+    @property
+    def stale(self) -> bool:
+        """A refusal since voided it (:meth:`Limiter.voided`): the loop admits afresh."""
+        return self.limiter.voided(self.route, self.start)
 
     def settle(self, input_tokens: int, output_tokens: int) -> None:
         """Nothing to do: settled at its estimate by the attempt that booked it."""
@@ -194,7 +200,8 @@ def _carried_attempts(details: Sequence[Any]) -> int:
 
 
 def _carried_booking(
-    details: Sequence[Any], routes: Sequence[Route], now: datetime, pause_limit: float
+    details: Sequence[Any], routes: Sequence[Route], now: datetime, pause_limit: float,
+    limiter: Limiter,
 ) -> CarriedBooking | None:
     """The start the previous engine attempt booked for one of ``routes``, if still usable.
 
@@ -208,7 +215,8 @@ def _carried_booking(
         return None
     try:
         start = datetime.fromisoformat(str(carried["start"]))
-    except (KeyError, ValueError):
+        backend_start = float(carried["backend_start"])
+    except (KeyError, TypeError, ValueError):
         return None
     route = next((r for r in routes if r.scope == carried.get("scope")), None)
     if route is None or start.tzinfo is None:
@@ -216,7 +224,7 @@ def _carried_booking(
     starts_in = (start - now).total_seconds()
     if abs(starts_in) > pause_limit:
         return None
-    return CarriedBooking(route, max(starts_in, 0.0))
+    return CarriedBooking(route, max(starts_in, 0.0), limiter, backend_start)
 
 
 def _activity_deadline(info: activity.Info) -> datetime | None:
@@ -269,11 +277,12 @@ class _EngineCall:
         self.pause_limit = loop.policy.pause_limit_secs
         self.booked_start: datetime | None = None  # the start booked for the next attempt
         self.booked_scope: str | None = None
+        self.booked_backend_start = 0.0
         self.took: CarriedBooking | None = None
-        if "booked" not in options:
+        if "booked" not in options and isinstance(loop.limiter, Limiter):
             self.took = _carried_booking(
                 info.heartbeat_details, (route, *(options.get("fallbacks") or ())), now,
-                self.pause_limit)
+                self.pause_limit, loop.limiter)
             if self.took is not None:
                 self.options["booked"] = self.took
 
@@ -281,7 +290,8 @@ class _EngineCall:
         out: dict[str, Any] = {ATTEMPTS_DETAIL: self.budget.used}
         if self.booked_start is not None and self.booked_scope is not None:
             out[BOOKING_DETAIL] = {"scope": self.booked_scope,
-                                   "start": self.booked_start.isoformat()}
+                                   "start": self.booked_start.isoformat(),
+                                   "backend_start": self.booked_backend_start}
         return out
 
     def book_ahead(self, outcome: Outcome) -> tuple[Limiter, Route, Cost, str, float] | None:
@@ -323,6 +333,7 @@ class _EngineCall:
             return None
         self.booked_start = self.clock.now() + timedelta(seconds=granted.starts_in)
         self.booked_scope = granted.route.scope
+        self.booked_backend_start = granted.granted_at + granted.starts_in
         return granted
 
     def finish(self, outcome: Outcome, *, marked: bool) -> Any:
