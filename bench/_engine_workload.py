@@ -161,11 +161,25 @@ class ResultLog:
         self.key = f"rateloop-bench:engines:{run_id}:results"
         self.asleep_key = f"rateloop-bench:engines:{run_id}:asleep"
         self.trace_key = f"rateloop-bench:engines:{run_id}:trace"
+        self.ready_key = f"rateloop-bench:engines:{run_id}:ready"
 
     def add_asleep(self, i: int, seconds: float) -> None:
         """A worker slept ``seconds`` inside the task of call ``i`` (any attempt)."""
         if seconds > 0:
             self._redis.hincrbyfloat(self.asleep_key, str(i), seconds)
+
+    def worker_ready(self) -> None:
+        """A worker process is up and taking work."""
+        self._redis.incr(self.ready_key)
+
+    def wait_ready(self, n: int, *, timeout: float, poll: float = 0.2) -> bool:
+        """Wait until ``n`` workers said they are ready; False when ``timeout`` passed first."""
+        stop = time.monotonic() + timeout
+        while int(self._redis.get(self.ready_key) or 0) < n:
+            if time.monotonic() >= stop:
+                return False
+            threading.Event().wait(poll)
+        return True
 
     def trace(self, i: int, fields: dict[str, Any]) -> None:
         """One engine attempt of call ``i``, for a benchmark's ``--trace`` breakdown."""
@@ -196,7 +210,7 @@ class ResultLog:
         return sorted(out, key=lambda r: r.i)
 
     def clear(self) -> None:
-        self._redis.delete(self.key, self.asleep_key, self.trace_key)
+        self._redis.delete(self.key, self.asleep_key, self.trace_key, self.ready_key)
 
 
 def summarize(name: str, workload: Workload, provider: Provider,

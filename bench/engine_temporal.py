@@ -187,6 +187,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     async with Worker(client, task_queue=args.queue, workflows=[CallModel],
                       activities=[call_model], max_concurrent_activities=SLOTS_PER_WORKER,
                       workflow_runner=UnsandboxedWorkflowRunner()):
+        log.worker_ready()
         await stop.wait()
     await http.aclose()
     await loop.limiter.aclose()
@@ -235,6 +236,9 @@ def run_variant(name: str, target: str, workload: Workload, timeout: float,
                 str(workload.calls), "--base-url", provider.base_url]
         argv += ["--rateloop"] if rateloop else []
         with workers(workload.workers, argv + (["--trace"] if traced else [])):
+            # The clock starts when every worker polls, as in the Celery and DBOS benchmarks.
+            if not log.wait_ready(workload.workers, timeout=90):
+                raise SystemExit(f"the {workload.workers} workers were not ready in 90 s")
             provider.begin()
             asyncio.run(enqueue(target, queue, workload, rateloop))
             results = log.wait_all(workload.calls, timeout=timeout)

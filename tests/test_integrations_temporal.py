@@ -431,3 +431,23 @@ def test_a_scope_with_a_concurrency_limit_is_not_booked_ahead(
     assert reports[0].booked_in is None
     assert "rateloop_booking" not in env.beats[-1][0]  # type: ignore[attr-defined]
     assert not caught.value.non_retryable
+
+
+def test_a_refusal_since_the_booking_voids_the_carried_start(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    loop, limiter = paced_loop(clock)
+    queue_others(limiter, 10)
+    provider = Script("hello")
+    with pytest.raises(ApplicationError):
+        run(env, lambda: activity_call(loop, provider, route=ROUTE))
+    beat = env.beats[-1][0]  # type: ignore[attr-defined]
+    clock.advance(9.0)
+    # The provider refused a call meanwhile and asked for 30 s: the start at 10 s would be
+    # refused too (and spend a slot there), so the returning attempt admits afresh.
+    limiter.pause(ROUTE.scope, 30.0, "temporary")
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[beat])
+    reports: list[ActivityReport] = []
+    with pytest.raises(ApplicationError) as caught:
+        run(env, lambda: activity_call(loop, provider, route=ROUTE, on_report=reports.append))
+    assert reports[0].took_booking and provider.calls == []
+    assert caught.value.type == "rateloop.waiting_for_capacity"
