@@ -118,6 +118,10 @@ def print_trace(log: ResultLog) -> None:
     rows = log.traces()
     if path := os.environ.get("RATELOOP_BENCH_TRACE_FILE"):  # every record, for a closer look
         Path(path).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    starts = {(r["i"], r["started"]) for r in rows if "started" in r}
+    rows = [r for r in rows if "started" not in r]
+    print(f"engine attempts started and never ended (lost: timed out): "
+          f"{len(starts - {(r['i'], r['attempt']) for r in rows})}")
     ends = collections.Counter((r["status"], r["reason"]) for r in rows)
     print(f"engine attempts traced: {len(rows)}")
     for (status, reason), n in ends.most_common():
@@ -167,6 +171,9 @@ async def run_worker(args: argparse.Namespace) -> None:
             text = await arequest_completion(http, args.base_url, i, workload, model=model)
             log.record(i, "completed", attempts=activity.info().attempt)
             return text
+
+        if args.trace:  # an attempt that starts and never reports is a lost one
+            log.trace(i, {"started": activity.info().attempt, "t": time.time()})
 
         def report(r: ActivityReport) -> None:
             log.add_asleep(i, r.asleep_secs)
