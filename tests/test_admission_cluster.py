@@ -7,88 +7,21 @@ script an admission runs touches a single slot: it works on a cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 from redis.cluster import RedisCluster
 
-from _redis_server import redis_server
+from _redis_server import redis_cluster
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.route import Cost, Route
 
 
-def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free and valid too (<= 65535)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20_000, 55_000)
-        if all(_free(p) for p in (port, port + 10_000)):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
-    if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli is not installed")
-    ports: list[int] = []
-    while len(ports) < 3:
-        port = cluster_port()
-        if all(abs(port - p) not in (0, 10_000) for p in ports):
-            ports.append(port)
-    with contextlib.ExitStack() as stack:
-        for port in ports:
-            stack.enter_context(
-                redis_server(
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "2000",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    port=port,
-                )
-            )
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{p}" for p in ports),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while True:  # until every node agrees the cluster is up
-            states = [redis.Redis(port=p, decode_responses=True).cluster("info") for p in ports]
-            if all(s.get("cluster_state") == "ok" for s in states):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster did not come up: {states}")
-            time.sleep(0.1)  # waiting for servers to converge, not for limiter time
+    with redis_cluster(3) as ports:
         yield f"redis+cluster://127.0.0.1:{ports[0]}/0"
 
 
