@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from _redis_server import redis_cluster
@@ -80,5 +81,77 @@ def test_admission_settle_pause_and_learning_on_a_cluster(cluster_url: str) -> N
         slots = {client.keyslot(k) for k in keys if "{openai:gpt-5}" in k}
         assert len(slots) == 1 and len(keys) >= 4
         client.close()
+    finally:
+        limiter.close()
+
+
+def test_admission_follows_a_slot_moved_to_another_node(cluster_url: str) -> None:
+    """The limiter sends each script to the node its slot map names; a slot resharded
+    since (``MOVED``) is followed, the map refreshed, and the scope's state moves with it.
+    """
+    route = Route(provider="moved", model="m", project="p")
+    limiter = Limiter.from_url(
+        cluster_url,
+        prefix="rl-moved:",
+        limits={"moved:m": LimitSpec(requests_per_minute=60, burst=1.0)},  # 60 at once
+    )
+    client = RedisCluster.from_url(cluster_url.replace("+cluster", ""), decode_responses=True)
+    try:
+        granted = sum(
+            isinstance(limiter.try_reserve(route, Cost()), Reservation) for _ in range(25)
+        )
+        assert granted == 25
+        slot = client.keyslot("{moved:m}")
+        owner = client.get_node_from_key("{moved:m}")
+        target = next(n for n in client.get_primaries() if n.name != owner.name)
+        src, dst = (
+            redis.Redis(host=n.host, port=n.port, decode_responses=True) for n in (owner, target)
+        )
+        src_id, dst_id = src.execute_command("CLUSTER MYID"), dst.execute_command("CLUSTER MYID")
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+        assert keys  # the scope's state (and history) is there
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        for node in client.get_primaries():
+            with redis.Redis(host=node.host, port=node.port) as each:
+                each.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+        src.close()
+        dst.close()
+        # The limiter's map still names the old owner: it answers MOVED, and the call
+        # goes to the new one, where the bucket holds the 25 already admitted.
+        more = sum(isinstance(limiter.try_reserve(route, Cost()), Reservation) for _ in range(50))
+        assert more == 35
+    finally:
+        client.close()
+        limiter.close()
+
+
+def test_a_cluster_admission_goes_straight_to_its_node(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the slot map current, a script is sent packed on its node's connection:
+    redis-py's cluster client (its routing, per-call packing) is not in the way."""
+    route = Route(provider="straight", model="m", project="p", tenant="t")
+    limiter = Limiter.from_url(
+        cluster_url,
+        prefix="rl-straight:",
+        limits={"straight:m:p:t": LimitSpec(requests_per_minute=6_000, concurrency=50)},
+    )
+    routed: list[object] = []
+    through = RedisCluster.evalsha
+
+    def spy(self: RedisCluster, *args: object, **kwargs: object) -> object:
+        routed.append(args)
+        return through(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RedisCluster, "evalsha", spy)
+    try:
+        held = [limiter.try_reserve(route, Cost(input_tokens=10)) for _ in range(20)]
+        assert all(isinstance(r, Reservation) for r in held)
+        for r in held:
+            assert isinstance(r, Reservation)
+            r.settle(5, 0)
+        assert routed == []
     finally:
         limiter.close()
