@@ -4,7 +4,8 @@ Usage::
 
     python bench/scale_bench.py [--processes 8] [--threads 16] [--rates 10000]
         [--seconds 8] [--models 24] [--tenants 20] [--redis redis://127.0.0.1:6379/0]
-        [--no-cluster] [--cases rateloop,limits-moving,limits-sliding,ping] [--json out.json]
+        [--no-cluster] [--cases rateloop,limits-moving,limits-sliding,ping,local]
+        [--json out.json]
 
 ``processes`` x ``threads`` callers offer ``rate`` decisions per second in all,
 paced open-loop: each thread has its own schedule (``threads x processes /
@@ -30,6 +31,9 @@ twice that), so about half the decisions are denials:
   inside that interval).
 * **ping**: a Redis ``PING`` per decision through redis-py, on the same
   pacing: the floor of a round trip from these processes on this machine.
+* **local**: each process its own ``memory://`` limiter with the same limits
+  -- no shared limit, so its grants are not checked: the floor of a decision
+  that needs no round trip (what one served from a local lease would cost).
 
 Reported per case: decisions achieved per second, latency per decision
 (``perf_counter`` around the call) p50 / p99 / p99.9 / max, the lateness of
@@ -73,7 +77,7 @@ from test_admission_stress_redis import max_window_excess
 
 PER_SECOND = 10  # each tenant scope: 10 requests a second
 SPEC = LimitSpec(requests_per_minute=PER_SECOND * 60, burst=1 / 60)  # capacity 10, 10/s
-CASES = ("rateloop", "limits-moving", "limits-sliding", "ping")
+CASES = ("rateloop", "limits-moving", "limits-sliding", "ping", "local")
 COST = Cost()
 
 Decide = Callable[[int], tuple[bool, float]]  # scope index -> (granted, decision time)
@@ -116,6 +120,17 @@ def make_decide(case: str, url: str, prefix: str, scopes: list[tuple[str, str]])
             return bool(limiter_.hit(item, keys[i])), 0.0
 
         return limits_hit
+    if case == "local":
+        # Each process its own memory:// limiter: not a fleet-wide limit (so no grants are
+        # checked), the floor of what a decision served from a local lease would cost.
+        routes_ = [Route(provider="scale", model=m, project="p", tenant=t) for m, t in scopes]
+        local = Limiter.from_url("memory://", limits={r.scope: SPEC for r in routes_})
+
+        def in_process(i: int) -> tuple[bool, float]:
+            local.try_reserve(routes_[i], COST)
+            return False, 0.0
+
+        return in_process
     if case == "ping":
         client: Any = (
             RedisCluster.from_url(url.replace("+cluster", ""))
@@ -432,7 +447,7 @@ def main() -> None:
                 url = f"redis+cluster://127.0.0.1:{ports[0]}"
                 targets.append(("cluster", url))
                 for rate in rates:
-                    for case in cases:
+                    for case in (c for c in cases if c != "local"):  # local: no Redis at all
                         results.append(run_case(case, url, prefix, args, rate, workdir))
                         results[-1]["target"] = "cluster x3"
                         report(results[-1])
