@@ -7,6 +7,7 @@ batch's hour passes when the test moves the clock.  Nothing sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,11 +18,18 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from rateloop import Limiter, Policy, RateLoop, Route
+from rateloop import AsyncRateLoop, Limiter, Policy, RateLoop, Route
 from rateloop.admission import HeldCapacity, LimitSpec
 from rateloop.cli import app
 from rateloop.route import Cost
-from rateloop.tasks import TaskRecord, TaskRegistry, TaskRunner, open_store, task
+from rateloop.tasks import (
+    AsyncTaskRunner,
+    TaskRecord,
+    TaskRegistry,
+    TaskRunner,
+    open_store,
+    task,
+)
 from rateloop.tasks.batch import AnthropicBatches, BatchSettings, OpenAIBatches
 from rateloop.tasks.batch_rung import BatchRung
 from rateloop.tasks.model import Checkpoint
@@ -195,6 +203,35 @@ def test_the_result_maps_back_and_a_first_rung_batch_is_not_degraded(bench: Benc
     [usage] = [answer["usage"] for answer in answers]
     full = MAIN.price_usd(usage["prompt_tokens"], usage["completion_tokens"])
     assert step.cost_usd == pytest.approx(0.75 * (full or 0))
+
+
+def test_the_async_runner_sends_it_to_the_batch_api_too(bench: Bench) -> None:
+    async def summarise(ctx: object, route: Route) -> Any:
+        bench.sync_calls.append(route.scope)
+        async with httpx.AsyncClient(base_url=bench.server.url, timeout=10) as http:
+            answer = await http.post("/v1/chat/completions", json=body(route))
+        answer.raise_for_status()
+        return answer.json()
+
+    task("summary", into=bench.tasks).step(
+        "summarise", route=MAIN, batch=bench.rung(MAIN))(summarise)
+    policy = Policy.from_dict({"ladder": BULK, "attempts_per_route": 1})
+    loop = AsyncRateLoop(policy, clock=bench.clock, limiter=bench.limiter, sinks=[])
+    runner = AsyncTaskRunner(bench.store, tasks=bench.tasks, clock=bench.clock, loop=loop)
+    bench.spend_standard(MAIN)
+
+    async def main() -> TaskRecord:
+        rec = await runner.submit("summary", priority="background", deadline=SIX_HOURS)
+        await runner.run_until_idle()
+        while (now := bench.get(rec.task_id)).state.waiting:
+            bench.clock.advance((now.next_attempt_at - bench.clock.now()).total_seconds())
+            await runner.run_until_idle()
+        return bench.get(rec.task_id)
+
+    done = asyncio.run(main())
+    assert done.state.value == "degraded", done.checkpoint.reason
+    assert done.checkpoint.completed_steps[0].rung == "batch"
+    assert bench.sync_calls == [MAIN.scope] and bench.fake.stats.batches == 1
 
 
 def test_the_park_rung_still_parks(bench: Bench) -> None:
