@@ -85,11 +85,8 @@ def _openai(batches: Batches, method: str, kind: str, ident: str | None, action:
     if method == "GET" and ident is None and action is None:
         return _page(batches, "openai", query, "after")
     if method == "POST" and ident is None and action is None:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, Mapping):
+        data = _object(body)
+        if data is None:
             return _json(400, bs.openai_error("invalid request: the body must be a JSON object"))
         return _json(*batches.create_openai(data))
     if ident is not None and (method, action) in (("GET", None), ("POST", "cancel")):
@@ -99,6 +96,15 @@ def _openai(batches: Batches, method: str, kind: str, ident: str | None, action:
             return _json(404, bs.openai_error(f"No batch found with id '{ident}'.", "batch_id"))
         return _json(200, found)
     return None
+
+
+def _object(body: bytes) -> Mapping[str, Any] | None:
+    """The request's JSON object (an empty body is ``{}``); None when it is not one."""
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return None
+    return data if isinstance(data, Mapping) else None
 
 
 def _page(batches: Batches, flavor: Flavor, query: Mapping[str, list[str]],
@@ -128,11 +134,8 @@ def _anthropic(batches: Batches, method: str, ident: str | None, action: str | N
     if method == "GET" and ident is None and action is None:
         return _page(batches, "anthropic", query, "after_id")
     if method == "POST" and ident is None and action is None:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, Mapping):
+        data = _object(body)
+        if data is None:
             return _json(400, bs.anthropic_error("the body must be a JSON object"))
         return _json(*batches.create_anthropic(data))
     if ident is None:
