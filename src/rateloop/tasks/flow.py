@@ -197,7 +197,7 @@ def earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Ou
                    reason=f"{unknown}; outcome_check could not tell whether it did")
 
 
-def on_batch_rung(
+def _on_batch_rung(
     rec: TaskRecord, step: Step, context: StepContext, route: Route
 ) -> Generator[Effect, Any, tuple[TaskRecord, StepResult]]:
     """Rule 8: one delivery of the step's call on the batch rung, the record marked first.
@@ -302,7 +302,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
         )
         batch_route = ck.batch_route if step.batch is not None else None
         if batch_route is not None:  # rule 8: on the batch rung since an earlier delivery
-            rec, result = yield from on_batch_rung(rec, step, context, batch_route)
+            rec, result = yield from _on_batch_rung(rec, step, context, batch_route)
         else:
             earlier: Outcome | None = None
             in_flight = ck.pending_operation
@@ -332,7 +332,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             assert result.outcome is not None
             rec = _counted(rec, result.outcome)  # the attempts on the rungs above
             # Rule 8: submit it now; the step's own progress (if any) is not the batch's.
-            rec, result = yield from on_batch_rung(
+            rec, result = yield from _on_batch_rung(
                 rec, step, replace(context, progress=None), handed)
             now = result.now
         if result.error is not None:
