@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.profile import profile_for, usage_charge
 from rateloop.admission.reservation import Denied
 from rateloop.loop.args import CallSpec
 from rateloop.loop.base import _LoopConfig
@@ -56,6 +55,7 @@ from rateloop.loop.effects import (
     pause_until,
     result_error,
     sdk_retries,
+    served_cost_usd,
     usage_of,
 )
 from rateloop.loop.report import CallReport
@@ -350,12 +350,8 @@ class _Run:
         Tokens as the provider's accounting counts them (cache discounts are not
         applied), at the route's prices less its tier's discount.
         """
-        usage = usage_of(result)
-        if usage is not None:
-            tokens = usage_charge(profile_for(route.provider), usage)
-        else:
-            tokens = (self.spec.cost.input_tokens, self.spec.cost.output_tokens)
-        return route.price_usd(*tokens, discount=tier_discount(self.policy.ladder, route.tier))
+        return served_cost_usd(route, usage_of(result), self.spec.cost,
+                               tier_discount(self.policy.ladder, route.tier))
 
     def surface_bug(self, attempted: _Attempted) -> None:
         """Re-raise an exception no classifier recognises (unless ``trigger_scope = "all"``)."""
