@@ -16,6 +16,10 @@ import pytest
 
 from rateloop.testing import FakeClock
 
+#: Worker apps the tests start in subprocesses (`rateloop worker --app`): they read their
+#: settings from the environment when imported, so they are not collected here.
+collect_ignore = ["_batch_app.py"]
+
 REDIS_URL = os.environ.get("RATELOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RABBITMQ_URL = os.environ.get("RATELOOP_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 POSTGRES_DSN = os.environ.get("RATELOOP_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")

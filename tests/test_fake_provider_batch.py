@@ -313,3 +313,31 @@ def test_the_sync_handler_serves_the_batch_endpoints_too() -> None:
         [line] = [json.loads(row) for row in results.text.splitlines()]
         assert (line["custom_id"], line["result"]["type"]) == ("a", "succeeded")
         assert client.get("/v1/batches/batch_nope").status_code == 404
+
+
+@_batch()
+def test_both_lists_page_newest_first_with_openai_metadata(desk: Desk) -> None:
+    upload = desk.openai.files.create(file=("in.jsonl", io.BytesIO(_line("a").encode())),
+                                      purpose="batch")
+    made = [desk.openai.batches.create(input_file_id=upload.id, endpoint=CHAT,
+                                       completion_window="24h", metadata={"key": f"k{i}"})
+            for i in range(3)]
+    first = desk.openai.batches.list(limit=2)
+    assert [b.id for b in first.data] == [made[2].id, made[1].id] and first.has_more
+    assert [b.metadata for b in first.data] == [{"key": "k2"}, {"key": "k1"}]
+    rest = desk.openai.batches.list(limit=2, after=first.data[-1].id)
+    assert [b.id for b in rest.data] == [made[0].id] and not rest.has_more
+    assert [b.id for b in desk.openai.batches.list(limit=2)] == [b.id for b in made[::-1]]
+
+    sent = [desk.anthropic.messages.batches.create(requests=[_request(f"r{i}")])  # type: ignore[list-item]
+            for i in range(3)]
+    page = desk.anthropic.messages.batches.list(limit=2)
+    assert [b.id for b in page.data] == [sent[2].id, sent[1].id] and page.has_more
+    older = desk.anthropic.messages.batches.list(limit=2, after_id=page.last_id)
+    assert [b.id for b in older.data] == [sent[0].id] and not older.has_more
+    assert desk.fake.stats.batches == 6  # listing creates nothing
+
+    raw = httpx.get(desk.server.url + "/v1/batches?limit=0")
+    assert raw.status_code == 400 and "from 1 to 100" in raw.json()["error"]["message"]
+    raw = httpx.get(desk.server.url + "/v1/messages/batches?after_id=nope")
+    assert raw.status_code == 400 and "'nope'" in raw.json()["error"]["message"]

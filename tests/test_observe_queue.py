@@ -52,6 +52,21 @@ def fill(store: Any, clock: FakeClock) -> tuple[str, str]:
     return parked.task_id, queued.task_id
 
 
+def finish_one(store: Any, clock: FakeClock) -> int:
+    """Run one one-step task to completion; returns how many completed."""
+    tasks = TaskRegistry()
+    quick = task("quick", version="1", into=tasks)
+
+    @quick.step()
+    def only(ctx: StepContext) -> dict[str, int]:
+        return {"ok": 1}
+
+    runner = TaskRunner(store, tasks=tasks, clock=clock)
+    runner.submit(quick, {})
+    runner.run_until_idle()
+    return sum(n for state, n in store.counts().items() if state.value == "completed")
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
@@ -156,6 +171,7 @@ def test_queue_gauges_through_prometheus_and_otel(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/tasks.db", clock=clock)
     try:
         fill(store, clock)
+        done = finish_one(store, clock)
         clock.advance(40)
         registry = CollectorRegistry()
         registry.register(ScopeStateCollector(NoScopes(clock), store=store))
@@ -174,6 +190,11 @@ def test_queue_gauges_through_prometheus_and_otel(tmp_path: Path) -> None:
     }
     assert prom[("rateloop_queue_tasks", ("waiting_for_reset",))] == 1
     assert prom[("rateloop_queue_tasks", ("queued",))] == 1
+    # The depth counts only what is still to do: the completed task is apart.
+    assert prom[("rateloop_queue_depth", ())] == 2
+    assert ("rateloop_queue_tasks", ("completed",)) not in prom
+    assert sum(v for (name, _), v in prom.items() if name == "rateloop_queue_tasks") == 2
+    assert prom[("rateloop_queue_finished_tasks", ("completed",))] == done == 1
     assert prom[("rateloop_queue_oldest_age_seconds", ())] == 100  # parked 60 + 40 s ago
     assert prom[("rateloop_queue_next_wakeup_seconds", ())] == 3 * 3600 - 100
     assert prom[("rateloop_queue_parked", ("scheduled",))] == 1
@@ -186,4 +207,6 @@ def test_queue_gauges_through_prometheus_and_otel(tmp_path: Path) -> None:
     }
     assert otel["rateloop.queue.oldest_age_seconds"] == [100]
     assert otel["rateloop.queue.next_wakeup_seconds"] == [3 * 3600 - 100]
-    assert sorted(otel["rateloop.queue.tasks"]) == [1, 1]
+    assert sorted(otel["rateloop.queue.tasks"]) == [0, 0, 1, 1]  # running, waiting_for_capacity
+    assert otel["rateloop.queue.depth"] == [2]
+    assert otel["rateloop.queue.finished_tasks"] == [1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -195,8 +196,10 @@ def test_an_unreachable_redis_is_a_backend_error_naming_it() -> None:
 # --- the command ----------------------------------------------------------------------------------
 
 
-def rateloop(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
+def rateloop(
+    *args: str, timeout: float = 30, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC, "COLUMNS": str(columns)}
     return subprocess.run(
         [sys.executable, "-m", "rateloop", *args],
         capture_output=True,
@@ -223,9 +226,13 @@ def test_status_prints_a_table_per_scope(
     out = rateloop("status", "--redis", redis_url, "--prefix", redis_prefix, "-c", str(policy_file))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "PAUSED UNTIL" in lines[1] and "HEADROOM" in lines[1]
+    assert lines[1].split() == [
+        "SCOPE", "STATE", "WAITING", "AIMD", "DIMENSION", "LIMIT", "EFFECTIVE",
+        "USED/CAPACITY", "HEADROOM", "NOTE",
+    ]  # fmt: skip
     (row,) = [line for line in lines if line.startswith(SCOPE)]
-    assert "temporary" in row and "requests" in row and "60/min" in row
+    assert re.search(r"paused, (\d\d s|1 min) left \(temporary\)", row), row  # in words
+    assert "requests" in row and "60/min" in row
     assert any(line.split()[:2] == ["concurrency", "4"] for line in lines[2:])
 
 

@@ -192,8 +192,10 @@ def look_from_outside(redis_url: str, prefix: str) -> dict[str, Any]:
         assert table.returncode == 0, table.stderr
         header, row = table.stdout.splitlines()[1:3]
         assert row.startswith(SCOPE)
-        start = header.index("WAITING (BY PRIORITY)")
-        views["status"] = row[start : header.index("DIMENSION")].strip()
+        start = header.index("WAITING")
+        end = start + len("WAITING") + len(header[start + len("WAITING"):]) - len(
+            header[start + len("WAITING"):].lstrip())  # where the next column's name begins
+        views["status"] = row[start:end].strip()
         out = rateloop(*args, "--json")
         assert out.returncode == 0, out.stderr
         views["json"] = json.loads(out.stdout)["scopes"][0]["waiters"]
@@ -234,7 +236,8 @@ def look_from_outside(redis_url: str, prefix: str) -> dict[str, Any]:
 
 
 def rateloop(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
+    # Wide enough that no column is dropped to fit (the table fits the terminal's width).
+    env = {**os.environ, "PYTHONPATH": SRC, "COLUMNS": "300"}
     return subprocess.run(
         [sys.executable, "-m", "rateloop", *args],
         capture_output=True,

@@ -19,6 +19,7 @@ import pytest
 
 from rateloop import Route, WriteOutcome
 from rateloop.tasks import (
+    LeaseLost,
     QueuePolicy,
     StepContext,
     Task,
@@ -370,3 +371,33 @@ def test_a_local_write_that_crashed_needs_an_operator(
     done = crash_then_redeliver(mode, store, clock, t, reg)
     assert done.state is TaskState.NEEDS_OPERATOR and calls == ["push"]
     assert "unknown_outcome" in done.checkpoint.reason
+
+
+def test_a_progress_save_after_the_lease_was_taken_raises_lease_lost_and_saves_nothing(
+    mode: str, store: TaskStore, clock: FakeClock
+) -> None:
+    reg, seen = TaskRegistry(), []
+    t = task("progress-lost", into=reg)
+
+    @t.step()
+    def submit(ctx: StepContext) -> int:
+        seen.append(ctx.progress)
+        ctx.save_progress({"mark": 1})  # saved while the lease is ours
+        clock.advance(LEASE + 1)  # the worker stalls past its lease...
+        assert store.claim("other", lease_secs=LEASE) is not None  # ...and loses it
+        try:
+            ctx.save_progress({"mark": 2})
+        except LeaseLost as exc:
+            seen.append(str(exc))
+            raise
+        seen.append("saved after the lease was lost")
+        return 1
+
+    h = Harness(mode, store, clock, reg, policy=QueuePolicy(lease_secs=LEASE))
+    rec = h.submit(t)
+    h.run()
+    assert seen[0] is None and "refused the progress" in seen[1], seen
+    assert "saved after the lease was lost" not in seen
+    now = h.get(rec.task_id)
+    assert now.lease_owner == "other"
+    assert now.checkpoint.step_progress == {"mark": 1}  # the refused save wrote nothing

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-__all__ = ["Cost", "Priority", "Route"]
+__all__ = ["TIERS", "TIER_MARK", "Cost", "Priority", "Route"]
+
+#: The service tiers a route can be called at: ``standard`` (the default), ``flex``
+#: (OpenAI's ``service_tier="flex"``: cheaper, slower, capacity of its own) and
+#: ``batch`` (a provider's batch API: no synchronous call, the task layer submits it).
+TIERS: tuple[str, ...] = ("standard", "flex", "batch")
+#: Joins a model and a tier other than ``standard`` in a scope key: a flex route's
+#: scopes are ``openai:gpt-5~flex[:project[:tenant]]``, apart from the standard tier's.
+TIER_MARK = "~"
 
 
 class Priority(StrEnum):
@@ -55,6 +63,12 @@ class Route:
     ``context_window``, ``tags`` (data classes the route may carry, e.g.
     ``"pii"``) and the per-million-token prices feed the checks a fallback
     must pass.
+
+    ``tier`` is the service tier the call is made at (:data:`TIERS`).  A tier
+    other than ``standard`` has capacity of its own, so its scopes are its own:
+    the model segment carries the tier (``openai:gpt-5~flex:proj``), and a
+    flex refusal binds only them.  The prices stay the standard tier's; the
+    tier's discount is the policy's (``[ladder]``).
     """
 
     provider: str
@@ -65,6 +79,7 @@ class Route:
     tags: frozenset[str] = field(default=frozenset())
     input_price_per_mtok: float | None = None
     output_price_per_mtok: float | None = None
+    tier: str = "standard"
 
     def __post_init__(self) -> None:
         for name in ("provider", "model"):
@@ -73,6 +88,10 @@ class Route:
                 raise ValueError(
                     f"Route.{name} must be a non-empty string without ':', got {value!r}"
                 )
+        if self.tier not in TIERS:
+            raise ValueError(
+                f"Route.tier must be one of {', '.join(TIERS)}, got {self.tier!r}"
+            )
         if not isinstance(self.tags, frozenset):
             object.__setattr__(self, "tags", frozenset(self.tags))
 
@@ -88,7 +107,8 @@ class Route:
         ``Route("openai", "gpt-5", project="proj-1", tenant="tenant-7").scopes``
         is ``("openai:gpt-5", "openai:gpt-5:proj-1", "openai:gpt-5:proj-1:tenant-7")``.
         """
-        keys = [f"{self.provider}:{self.model}"]
+        model = self.model if self.tier == "standard" else f"{self.model}{TIER_MARK}{self.tier}"
+        keys = [f"{self.provider}:{model}"]
         if self.project is not None:
             keys.append(f"{keys[-1]}:{self.project}")
             if self.tenant is not None:
@@ -109,14 +129,31 @@ class Route:
         """The same route, on another model."""
         return replace(self, model=model)
 
+    def with_tier(self, tier: str) -> Route:
+        """The same route, at another service tier (its scopes follow the tier)."""
+        return self if tier == self.tier else replace(self, tier=tier)
+
     def estimated_cost_usd(self, cost: Cost) -> float | None:
         """The worst-case price of ``cost`` on this route, if prices are known."""
+        return self.price_usd(cost.input_tokens, cost.output_tokens)
+
+    def price_usd(
+        self, input_tokens: int, output_tokens: int, *, discount: float = 0.0
+    ) -> float | None:
+        """What these tokens cost on this route with ``discount`` (0.5: half off); None
+        without prices.
+
+        >>> Route(provider="openai", model="m", input_price_per_mtok=2.0,
+        ...       output_price_per_mtok=8.0).price_usd(1_000_000, 500_000, discount=0.5)
+        3.0
+        """
         if self.input_price_per_mtok is None and self.output_price_per_mtok is None:
             return None
-        return (
-            cost.input_tokens * (self.input_price_per_mtok or 0.0)
-            + cost.output_tokens * (self.output_price_per_mtok or 0.0)
+        full = (
+            input_tokens * (self.input_price_per_mtok or 0.0)
+            + output_tokens * (self.output_price_per_mtok or 0.0)
         ) / 1_000_000
+        return full * (1.0 - discount)
 
     def __str__(self) -> str:
         return self.scope

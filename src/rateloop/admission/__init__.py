@@ -12,6 +12,7 @@ Redis; see ``docs/admission.md``.  Where things live::
       feedback.py      Feedback: observe / pause flows (learning from the provider)
     reservation.py   Reservation, Denied, AdmissionTimeout, AdmissionRejected, Settler
     plan.py          checks, plans and the backend operations
+    holds.py         HeldCapacity: capacity in flight until released (a batch queue's tokens)
     spec.py  profile.py  gcra.py  learning.py  subscription.py
     backends/        protocol + registry (leaves), memory, redis (+ codec, scripts, wire,
                      clients, *.lua), keys (the Redis key layout)
@@ -20,6 +21,7 @@ Redis; see ``docs/admission.md``.  Where things live::
 from rateloop.admission.backends import Backend, BackendUnreachable, register_backend
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.gcra import AIMD
+from rateloop.admission.holds import Held, HeldCapacity
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import (
     AdmissionRejected,
@@ -37,6 +39,8 @@ __all__ = [
     "Backend",
     "BackendUnreachable",
     "Denied",
+    "Held",
+    "HeldCapacity",
     "LimitSpec",
     "Limiter",
     "MemoryBackend",

@@ -11,6 +11,7 @@ In a policy file::
     day_resets_at = "00:00"       # UTC, for the fixed window
     concurrency = 8
     lease_ttl_secs = 600
+    enqueued_tokens = 2_000_000   # a batch queue: input tokens in flight (admission.holds)
     burst = 0.5                   # fraction of a minute's allowance usable at once
                                   # (unset: the profile's pacing, 1 s of the rate)
     reserve = 0.1                 # fraction kept back from each lower priority class
@@ -58,6 +59,9 @@ class LimitSpec:
     burst: float | None = None
     reserve: float = 0.0
     profile: str | None = None
+    #: A provider's batch queue limit: input tokens of the batches in flight, held from
+    #: submission until the batch ends (:class:`rateloop.admission.holds.HeldCapacity`).
+    enqueued_tokens: int | None = None
 
     def __post_init__(self) -> None:
         errors = _validate(self, source=None, prefix="")
@@ -144,6 +148,10 @@ def _validate(spec: LimitSpec, *, source: str | None, prefix: str) -> list[Confi
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             bad(name, value, "an integer >= 1, or leave it unset for no limit")
+    queued = spec.enqueued_tokens
+    if queued is not None and (isinstance(queued, bool) or not isinstance(queued, int)
+                               or queued < 1):
+        bad("enqueued_tokens", queued, "an integer >= 1, or leave it unset for no limit")
     if spec.day_window not in ("fixed", "rolling"):
         bad("day_window", spec.day_window, "'fixed' or 'rolling'")
     if not isinstance(spec.day_resets_at, str) or not _HHMM.match(spec.day_resets_at):

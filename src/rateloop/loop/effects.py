@@ -33,12 +33,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from rateloop.admission.profile import reports_tokens
+from rateloop.admission.profile import profile_for, reports_tokens, usage_charge
 from rateloop.loop.sdk_count import sdk_retries_taken
-from rateloop.route import Cost, Route
+from rateloop.route import TIERS, Cost, Route
 from rateloop.signal import Kind, LimitSignal
 
+#: How Read names the capacity pool of a service tier (``tier:flex``: OpenAI's flex).
+TIER_SCOPE_PREFIX = "tier:"
+
 __all__ = [
+    "TIER_SCOPE_PREFIX",
     "Book",
     "Call",
     "Effect",
@@ -56,6 +60,7 @@ __all__ = [
     "pause_until",
     "result_error",
     "sdk_retries",
+    "served_cost_usd",
     "usage_of",
 ]
 
@@ -160,8 +165,10 @@ Effect = (
 def observed_scope(signal: LimitSignal, route: Route) -> str:
     """The scope a signal speaks for: where the loop observes it and pauses.
 
-    The route's provider scope (``provider:model[:project]``), unless the
-    signal came from another provider than the route's -- a tool the call
+    The route's provider scope (``provider:model[:project]``); for a refusal
+    of a tier's own capacity (``tier:flex``) the same at that tier
+    (``openai:gpt-5~flex:proj``); unless the signal came from another
+    provider than the route's -- a tool the call
     used, such as GitHub answering inside a model step -- and names a scope
     off the route's path (``tool:github:core``): then that scope, so that a
     tool's limit never pauses the model.  A scope on the route's path (a
@@ -170,6 +177,11 @@ def observed_scope(signal: LimitSignal, route: Route) -> str:
     """
     own = route.provider_scope
     named = signal.scope
+    if named and named.startswith(TIER_SCOPE_PREFIX):
+        # A tier's own capacity refused (flex): the route's scope at that tier, never the
+        # standard tier's, whoever named it.
+        tier = named[len(TIER_SCOPE_PREFIX) :]
+        return route.with_tier(tier).provider_scope if tier in TIERS else own
     if not named or signal.provider == route.provider:
         return own
     if own == named or own.startswith(named + ":") or named.startswith(own + ":"):
@@ -200,6 +212,25 @@ def sdk_retries(result: Returned | Raised) -> int:
         return result.requests - 1
     target = result.error if isinstance(result, Raised) else result.value
     return sdk_retries_taken(target)
+
+
+def served_cost_usd(route: Route, usage: Any | None, cost: Cost, discount: float) -> float | None:
+    """What a served call cost on ``route``: the reported ``usage``, else the reserved ``cost``.
+
+    Tokens as the provider's accounting counts them (cache discounts are not
+    applied), at the route's prices less ``discount`` (its tier's).  Shared by
+    the loop and a task step served on the batch rung (:mod:`rateloop.tasks.batch_rung`).
+
+    >>> route = Route(provider="openai", model="m", input_price_per_mtok=2.0,
+    ...               output_price_per_mtok=8.0)
+    >>> served_cost_usd(route, {"prompt_tokens": 1000, "completion_tokens": 500}, Cost(), 0.5)
+    0.003
+    """
+    if usage is not None:
+        tokens = usage_charge(profile_for(route.provider), usage)
+    else:
+        tokens = (cost.input_tokens, cost.output_tokens)
+    return route.price_usd(*tokens, discount=discount)
 
 
 def usage_of(result: Returned | Raised) -> Any | None:

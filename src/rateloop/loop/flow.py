@@ -56,6 +56,7 @@ from rateloop.loop.effects import (
     pause_until,
     result_error,
     sdk_retries,
+    served_cost_usd,
     usage_of,
 )
 from rateloop.loop.report import CallReport
@@ -76,7 +77,7 @@ from rateloop.timing.decide import (
     decide_admission,
     decide_write,
 )
-from rateloop.timing.fallback import build_chain
+from rateloop.timing.ladder import ladder_chain, tier_discount
 from rateloop.timing.state import (
     LoopState,
     count_sdk_retries,
@@ -139,8 +140,13 @@ class _Run:
             max_wait_secs=policy.max_wait_secs,
             run=loop.run_budget,
         )
+        chain, rungs, ladder = ladder_chain(
+            spec.route, spec.fallbacks, policy.ladder if on else None, spec.priority
+        )
         self.state = LoopState(
-            chain=build_chain(spec.route, spec.fallbacks),
+            chain=chain,
+            rungs=rungs,
+            ladder=ladder,
             budget=budget,
             backoff=policy.backoff(rng=loop.rng),
             epoch=(start, wall0),
@@ -157,7 +163,9 @@ class _Run:
         while True:
             step = decide(state, None, self.policy, self.clock.monotonic())
             if isinstance(step, Stop):
-                return report.finish(step.status, step.reason, retry_at=step.retry_at)
+                return report.finish(
+                    step.status, step.reason, retry_at=step.retry_at, next_rung=step.next_rung
+                )
             assert isinstance(step, Proceed)
             route = step.route
             admitted = yield from self.admit(route)
@@ -203,7 +211,10 @@ class _Run:
                 )
                 return _MOVED
             return report.finish(
-                step.status, step.reason, retry_at=report.at(step.retry_at, step.retry_in)
+                step.status,
+                step.reason,
+                retry_at=report.at(step.retry_at, step.retry_in),
+                next_rung=step.next_rung,
             )
 
     def take_booked(self, route: Route) -> Any:
@@ -335,13 +346,24 @@ class _Run:
             assert isinstance(done, Stop)
             result = attempted.result
             value = result.value if isinstance(result, Returned) else None
-            return self.report.finish(done.status, done.reason, value=value)
+            return self.report.finish(
+                done.status, done.reason, value=value, cost_usd=self.price(route, result)
+            )
         self.surface_bug(attempted)
         record_refusal(state, now, signal.kind)
         ended = yield from self.guard_write(route, attempted)
         if ended is not None:
             return ended
         return (yield from self.apply(decide(state, signal, self.policy, now), route))
+
+    def price(self, route: Route, result: Returned | Raised) -> float | None:
+        """What the served call cost on ``route``: the reported usage, else the reservation.
+
+        Tokens as the provider's accounting counts them (cache discounts are not
+        applied), at the route's prices less its tier's discount.
+        """
+        return served_cost_usd(route, usage_of(result), self.spec.cost,
+                               tier_discount(self.policy.ladder, route.tier))
 
     def surface_bug(self, attempted: _Attempted) -> None:
         """Re-raise an exception no classifier recognises (unless ``trigger_scope = "all"``)."""
@@ -385,7 +407,9 @@ class _Run:
                     f"{r.scope} ({why})" for r, why in decision.skipped
                 )
             retry_at = report.at(decision.retry_at, decision.retry_in)
-            return report.finish(decision.status, reason, retry_at=retry_at)
+            return report.finish(
+                decision.status, reason, retry_at=retry_at, next_rung=decision.next_rung
+            )
         if isinstance(decision, Wait):
             yield report.wait_for(decision.seconds, DecisionKind.WAIT, route, decision.reason)
             take(state, decision, kind)

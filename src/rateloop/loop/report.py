@@ -107,6 +107,8 @@ class CallReport:
         *,
         value: Any = None,
         retry_at: datetime | None = None,
+        next_rung: str | None = None,
+        cost_usd: float | None = None,
     ) -> Outcome:
         """The call's outcome (with its last event), handed to the observing sinks."""
         succeeded = status.succeeded
@@ -130,6 +132,9 @@ class CallReport:
             events=tuple(self.events),
             error=self.last_error,
             waited_secs=self.waited,
+            rung=state.rung,
+            cost_usd=cost_usd,
+            next_rung=next_rung,
         )
         for observer in self.loop._observers:
             observer.call_finished(outcome)

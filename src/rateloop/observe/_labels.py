@@ -47,6 +47,7 @@ LABEL_LIMITS: Mapping[str, int] = {
     "wait_kind": 8,
     "status": 32,
     "layer": 8,
+    "rung": 8,  # the degrade ladder's rungs
 }
 _DEFAULT_LIMIT = 32  # a label not named above
 OPERATION_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,63}")

@@ -145,16 +145,8 @@ METRICS: dict[str, Metric] = {
             unit="seconds",
             buckets=WAIT_BUCKETS,
         ),
-        Metric(
-            "retries",
-            "counter",
-            "Retries of the same target after a wait.",
-        ),
-        Metric(
-            "fallbacks",
-            "counter",
-            "Fallbacks taken, labelled with the route fallen back to.",
-        ),
+        Metric("retries", "counter", "Retries of the same target after a wait."),
+        Metric("fallbacks", "counter", "Fallbacks taken, labelled with the route fallen back to."),
         Metric(
             "fallback_rejections",
             "counter",
@@ -175,6 +167,13 @@ METRICS: dict[str, Metric] = {
             "counter",
             "Calls ended, by status (terminal events and observe_outcome).",
             labels=("status",),
+        ),
+        Metric(
+            "cost",
+            "counter",
+            "What served calls cost, by the ladder rung they finished on (Outcome.cost_usd).",
+            unit="usd",
+            labels=("rung",),
         ),
         Metric(
             "call_attempts",
@@ -386,6 +385,8 @@ class MetricSink:
         """
         base = _route_labels(outcome, operation, priority)
         self._add(METRICS["calls"], {**base, "status": outcome.status.value})
+        if outcome.cost_usd:
+            self._add(METRICS["cost"], {**base, "rung": outcome.rung or ""}, outcome.cost_usd)
         a = outcome.attempts
         for layer, n in (("loop", a.loop), ("sdk", a.sdk), ("redeliveries", a.redeliveries)):
             self._record(METRICS["call_attempts"], {**base, "layer": layer}, float(n))

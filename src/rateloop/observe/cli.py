@@ -8,9 +8,9 @@ holds usage, pauses and the AIMD factor but not the limits themselves.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,10 +18,9 @@ import typer
 
 from rateloop._clock import system_clock
 from rateloop._url import url_scheme
-from rateloop.admission.history import HISTORY_MINUTES, ScopeHistory
+from rateloop.admission.history import HISTORY_MINUTES
 from rateloop.errors import BackendError, ConfigError
-from rateloop.observe.queue_state import QueueState
-from rateloop.observe.state import ScopeState, Snapshot
+from rateloop.observe.table import render_history, render_queue, render_table
 
 if TYPE_CHECKING:
     from rateloop.admission.spec import LimitSpec
@@ -103,124 +102,9 @@ def _reader(config: Sequence[Path] | None, redis: str | None, prefix: str) -> Re
 # --- status ---------------------------------------------------------------------------
 
 
-def _duration(seconds: float) -> str:
-    """``42.5s``, ``12m30s``, ``20h21m``: short enough for a table cell."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
-def _when(moment: datetime | None, now: datetime) -> str:
-    if moment is None:
-        return "-"
-    return f"{moment.strftime('%H:%M:%S')} (in {_duration((moment - now).total_seconds())})"
-
-
-def _num(value: float) -> str:
-    return f"{value:.0f}" if value == int(value) or value >= 100 else f"{value:.1f}"
-
-
-def _waiting(by_priority: Mapping[str, int]) -> str:
-    """``interactive 2, background 1``: the calls sleeping on a scope, by priority."""
-    return ", ".join(f"{p} {n}" for p, n in by_priority.items()) or "-"
-
-
-def _scope_rows(s: ScopeState, now: datetime) -> list[list[str]]:
-    paused = "-"
-    if s.paused_until is not None:
-        paused = _when(s.paused_until, now) + (f" {s.pause_reason}" if s.pause_reason else "")
-    head = [s.scope, paused, f"{s.factor:.2f}", _waiting(s.waiters)]
-    if not s.dimensions:
-        note = "no configured limits (pass --config)" if not s.configured else "no dimensions"
-        if s.governed_by == "learned":
-            note = "learned limits with no dimension"
-        return [[*head, note, "", "", "", "", ""]]
-    rows = []
-    for i, d in enumerate(s.dimensions):
-        first = head if i == 0 else ["", "", "", ""]
-        per = "/day" if d.dimension == "requests_per_day" else "/min" if d.kind == "bucket" else ""
-        limit = f"{d.configured}{per}" + (" learned" if s.governed_by == "learned" else "")
-        effective = _num(d.effective) if d.kind == "bucket" else "-"
-        note = "-"
-        if d.blocked_until is not None:
-            note = "blocked until " + _when(d.blocked_until, now)
-        elif d.resets_at is not None:
-            note = "resets " + _when(d.resets_at, now)
-        rows.append(
-            [
-                *first,
-                d.dimension,
-                limit,
-                effective,
-                f"{_num(d.used)}/{_num(d.capacity)}",
-                f"{_num(d.headroom)} ({d.headroom_fraction:.0%})",
-                note,
-            ]
-        )
-    return rows
-
-
-def render_queue(queue: QueueState, *, source: str) -> str:
-    """The queue's depth, oldest task and the parked tasks' wake-ups."""
-    states = ", ".join(f"{k} {v}" for k, v in sorted(queue.by_state.items()) if v)
-    age = queue.oldest_age_secs
-    oldest = "-" if age is None else _duration(age) + ("" if queue.oldest_exact else " (or more)")
-    lines = [f"queue  {source}  depth {queue.depth}  oldest {oldest}  ({states or 'empty'})"]
-    if not queue.waiting:
-        lines.append("no parked tasks")
-        return "\n".join(lines)
-    rows = [["TASK", "NAME", "STATE", "PRIORITY", "WAKES", "REMAINING", "REASON"]]
-    for t in queue.waiting:
-        retry_at = datetime.fromisoformat(t["retry_at"]) if t["retry_at"] else None
-        rows.append(
-            [
-                t["task_id"],
-                t["task"],
-                t["state"],
-                t["priority"],
-                _when(retry_at, queue.at),
-                ",".join(t["remaining_steps"]) or "-",
-                t["reason"] or "",
-            ]
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
-def render_history(past: Mapping[str, ScopeHistory], *, minutes: int) -> str:
-    """One line per scope: its totals over the last ``minutes`` (``--history``)."""
-    lines = [f"history  last {minutes} min"]
-    for scope, h in sorted(past.items()):
-        m = h.minutes
-        waited = sum(x.wait_seconds for x in m)
-        lines.append(
-            f"{scope}  admitted {sum(x.admissions for x in m)}  "
-            f"refused {sum(x.refusals for x in m)}  waits {sum(x.waits for x in m)} "
-            f"({_duration(waited)})  pauses {sum(x.pauses for x in m)}  "
-            f"fallbacks {sum(x.fallbacks for x in m)}"
-        )
-    return "\n".join(lines)
-
-
-def render_table(snap: Snapshot, *, source: str) -> str:
-    """The status table, one row per limited dimension of each scope."""
-    header = ["SCOPE", "PAUSED UNTIL", "AIMD", "WAITING (BY PRIORITY)", "DIMENSION", "LIMIT",
-              "EFFECTIVE", "USED/CAPACITY", "HEADROOM", "NOTE"]  # fmt: skip
-    lines = [f"rateloop status  {source} prefix={snap.prefix!r}  at {snap.at.isoformat()}"]
-    if not snap.scopes:
-        lines.append("no scopes: nothing configured (--config) and no state under this prefix")
-        return "\n".join(lines)
-    rows = [header]
-    for s in snap.scopes:
-        rows += _scope_rows(s, snap.at)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
+def _width() -> int:
+    """The terminal's width (``COLUMNS`` first); 120 when the output is not a terminal."""
+    return shutil.get_terminal_size((120, 24)).columns
 
 
 def _open_store(url: str | None) -> Any:
@@ -283,13 +167,14 @@ def status(
             else:
                 if watch:
                     typer.echo("\x1b[2J\x1b[H", nl=False)  # clear the screen between frames
-                typer.echo(render_table(snap, source=reader.url))
+                width = _width()
+                typer.echo(render_table(snap, source=reader.url, width=width))
                 if past is not None:
                     typer.echo("")
                     typer.echo(render_history(past, minutes=history))
                 if queue is not None:
                     typer.echo("")
-                    typer.echo(render_queue(queue, source=tasks.url))
+                    typer.echo(render_queue(queue, source=tasks.url, width=width))
             if not watch:
                 return
             system_clock.sleep(interval)

@@ -42,6 +42,7 @@ from rateloop._redact import redact
 from rateloop.admission.history import check_minutes
 from rateloop.errors import BackendError
 from rateloop.observe._bind import check_bind
+from rateloop.observe.present import human_duration, inherited_from, verdict
 from rateloop.observe.queue_state import read_queue
 from rateloop.observe.state import DimensionState, ScopeState, Snapshot
 
@@ -131,6 +132,36 @@ def _exhausted(d: DimensionState) -> bool:
     if d.kind == "bucket":
         return d.blocked_until is not None
     return d.headroom < 1
+
+
+def _views(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """What the page says of each scope, in :mod:`rateloop.observe.present`'s words
+    (the status table's): its verdict and the scope whose limits it is within."""
+    out = {}
+    for s in snap.scopes:
+        parent = inherited_from(s, snap)
+        out[s.scope] = {
+            "verdict": verdict(s, snap).to_dict(snap.at),
+            "within": parent.scope if parent is not None else None,
+        }
+    return out
+
+
+def _left(when: datetime, now: datetime) -> str:
+    return human_duration((when - now).total_seconds())
+
+
+def _queue_view(queue: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The queue with its durations said in words: the oldest task's age, each wake-up."""
+    age = queue["oldest_age_secs"]
+    waiting = [
+        {**t, "wakes_in": _left(datetime.fromisoformat(t["retry_at"]), now)}
+        if t["retry_at"]
+        else {**t, "wakes_in": None}
+        for t in queue["waiting"]
+    ]
+    oldest = "-" if age is None else human_duration(age)
+    return {**queue, "waiting": waiting, "oldest_age": oldest}
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -239,7 +270,8 @@ class Dashboard:
         timeline = sorted(notable + routine, key=lambda e: datetime.fromisoformat(e["at"]))
         return {
             "snapshot": snap.to_dict() if snap is not None else None,
-            "queue": queue,
+            "views": _views(snap) if snap is not None else {},
+            "queue": _queue_view(queue, snap.at) if queue and snap is not None else queue,
             "error": error,
             "timeline": timeline[::-1],  # newest first
             "interval": self.interval,

@@ -66,6 +66,7 @@ class PrometheusSink(MetricSink):
                 m.description,
                 self._bounds.names(m.label_names),
                 namespace=self.namespace,
+                unit=m.unit,
                 registry=self.registry,
             )
         return Histogram(

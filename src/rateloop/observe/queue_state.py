@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 from rateloop._url import url_scheme
 from rateloop.errors import BackendError
 
-__all__ = ["QueueState", "open_store_readonly", "read_queue"]
+__all__ = ["UNFINISHED", "QueueState", "open_store_readonly", "read_queue"]
 
-_UNFINISHED = ("queued", "running", "waiting_for_reset", "waiting_for_capacity")
+#: The states of tasks still to do: the queue's depth.  Every other state is terminal.
+UNFINISHED = ("queued", "running", "waiting_for_reset", "waiting_for_capacity")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,8 +62,8 @@ def read_queue(store: Any, now: datetime, *, limit: int = 1000) -> QueueState:
     from rateloop.tasks.states import TaskState
 
     counts = {state.value: n for state, n in store.counts().items()}
-    depth = sum(counts.get(s, 0) for s in _UNFINISHED)
-    records = store.list_tasks(states=[TaskState(s) for s in _UNFINISHED], limit=limit)
+    depth = sum(counts.get(s, 0) for s in UNFINISHED)
+    records = store.list_tasks(states=[TaskState(s) for s in UNFINISHED], limit=limit)
     oldest = min((r.created_at for r in records), default=None)
     parked = sorted((r for r in records if r.state.waiting), key=lambda r: r.next_attempt_at)
     waiting = []

@@ -30,12 +30,19 @@ from rateloop.admission.backends.keys import (
     scope_of_key,
 )
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.history import ScopeHistory
+from rateloop.admission.history import HISTORY_MINUTES, ScopeHistory
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import BackendError, ConfigError
 from rateloop.observe.history import read_redis_history
-from rateloop.observe.state import RawScope, Snapshot, _at, scope_state
+from rateloop.observe.state import (
+    RawScope,
+    Snapshot,
+    _at,
+    recorded_limits,
+    scope_state,
+    uncounted_day,
+)
 from rateloop.observe.waiters import waiters
 
 __all__ = [
@@ -223,18 +230,42 @@ class RedisStateReader:
             pipe.zcount(key_of(self.prefix, LEASES, scope), f"({now!r}", "+inf")
             pipe.hgetall(key_of(self.prefix, LEARNED, scope))
         replies = pipe.execute()
-        states = []
+        raws = []
         for i, scope in enumerate(scopes):
             state, leases, learned = replies[3 * i : 3 * i + 3]
             state = state or {}
             # The pause lives in the state hash: 'p' the resume time, 'pr' the reason.
             pause = f"{state['p']}|{state.get('pr', '')}" if state.get("p") else None
-            raw = RawScope(scope, state, pause, int(leases or 0), learned or {})
-            profile = self._profiles.profile_of(scope)
-            spec = self.limits.get(scope)
-            states.append(
-                scope_state(
-                    raw, spec, now, aimd=self.aimd, profile=profile, waiters=waiting.get(scope)
-                )
+            raws.append(RawScope(scope, state, pause, int(leases or 0), learned or {}))
+        recorded = self._recorded(raws, now)
+        states = [
+            scope_state(
+                raw,
+                self.limits.get(raw.scope),
+                now,
+                aimd=self.aimd,
+                profile=self._profiles.profile_of(raw.scope),
+                waiters=waiting.get(raw.scope),
+                recorded=recorded.get(raw.scope),
             )
+            for raw in raws
+        ]
         return Snapshot(at=_at(now), prefix=self.prefix, scopes=tuple(states))
+
+    def _recorded(self, raws: list[RawScope], now: float) -> dict[str, dict[str, int]]:
+        """The limits recorded in the history of scopes Redis counts for but no limit governs.
+
+        Only for a scope with neither configured nor learned limits whose
+        state holds a day count or leases (rare): one pipelined read of its
+        history since the day window began (00:00 UTC), at most 25 hashes.
+        """
+        blind = [
+            r.scope
+            for r in raws
+            if r.scope not in self.limits and not r.learned and uncounted_day(r, now)
+        ]
+        if not blind:
+            return {}
+        minutes = min(HISTORY_MINUTES, int(now % 86_400) // 60 + 1)
+        past = read_redis_history(self._client, self.prefix, blind, minutes, now)
+        return {scope: recorded_limits(past.get(scope)) for scope in blind}

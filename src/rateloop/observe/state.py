@@ -15,6 +15,14 @@ govern a scope without configured limits, as they do in the limiter.  A
 scope with state in Redis but neither is listed with what is known (pause,
 AIMD factor, leases) and no headroom.  The *effective* limit shown is the
 governing one scaled by the scope's AIMD factor.
+
+Without either, what Redis still knows is shown: the day count in its state
+hash, and the day allowance and concurrency slots the limiter recorded in the
+scope's history (``L:<dimension>``, :func:`recorded_limits`; the per-minute
+limits there include the AIMD factor, so they are not taken): such a scope is
+``governed_by="recorded"``, its day window assumed to reset at 00:00 UTC (the
+default; the reset time is configuration).  A day count with no limit known
+at all is in ``ScopeState.counts``.
 """
 
 from __future__ import annotations
@@ -25,11 +33,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rateloop.admission.gcra import AIMD, day_window, drained, effective_factor
+from rateloop.admission.history import ScopeHistory
 from rateloop.admission.plan import CheckKind, build_checks
 from rateloop.admission.profile import AccountingProfile, profile_for
 from rateloop.admission.spec import LimitSpec
 
-__all__ = ["DimensionState", "RawScope", "ScopeState", "Snapshot", "scope_state"]
+__all__ = [
+    "DimensionState",
+    "RawScope",
+    "ScopeState",
+    "Snapshot",
+    "recorded_limits",
+    "scope_state",
+    "uncounted_day",
+]
 
 _KINDS = {CheckKind.BUCKET: "bucket", CheckKind.DAY: "day", CheckKind.LEASE: "concurrency"}
 _CONFIG_FIELD = {
@@ -84,7 +101,9 @@ class ScopeState:
     leases: int
     dimensions: tuple[DimensionState, ...] = ()
     learned: Mapping[str, int] = field(default_factory=dict)  # from the provider's headers
-    governed_by: str | None = None  # "configured", "learned", or None: no limits
+    governed_by: str | None = None  # "configured", "learned", "recorded", or None: no limits
+    # Day counts Redis holds for a scope with no limit known (neither governed nor recorded).
+    counts: Mapping[str, float] = field(default_factory=dict)
     # Calls sleeping on the scope now, by priority, from the shared event stream
     # (rateloop.observe.waiters); empty when no RedisEventSink writes there.
     waiters: Mapping[str, int] = field(default_factory=dict)
@@ -165,6 +184,37 @@ def _learned(raw: Mapping[str, str]) -> dict[str, int]:
     return out
 
 
+#: The limits a scope's history records exactly (a bucket's is scaled by the AIMD factor).
+_RECORDED = {"requests_per_day": "requests_per_day", "concurrency": "concurrency"}
+
+
+def recorded_limits(history: ScopeHistory | None) -> dict[str, int]:
+    """The day allowance and slots the limiter last recorded in ``history``, as LimitSpec fields."""
+    out: dict[str, int] = {}
+    for minute in reversed(history.minutes if history is not None else ()):
+        for dimension, name in _RECORDED.items():
+            usage = minute.usage.get(dimension)
+            if name not in out and usage is not None and usage.limit and usage.limit >= 1:
+                out[name] = int(usage.limit)
+    return out
+
+
+def uncounted_day(raw: RawScope, now: float) -> bool:
+    """Does Redis hold a day count in today's window (00:00 UTC) for a scope with no limits?
+
+    The reader then looks for the limit in the scope's history.
+    """
+    return _day_count(raw.state, now) is not None or raw.leases > 0
+
+
+def _day_count(state: Mapping[str, str], now: float) -> float | None:
+    """The day count of the window containing ``now`` (reset 00:00 UTC assumed), if any."""
+    index, _ = day_window(now, 0.0)
+    if _num(state, "requests_per_day:w", float("nan")) != index:
+        return None
+    return _num(state, "requests_per_day:c", 0.0)
+
+
 def _at(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, tz=UTC)
 
@@ -177,6 +227,7 @@ def scope_state(
     aimd: AIMD | None = None,
     profile: AccountingProfile | None = None,
     waiters: Mapping[str, int] | None = None,
+    recorded: Mapping[str, int] | None = None,
 ) -> ScopeState:
     """The state of one scope at server time ``now`` (seconds since the epoch).
 
@@ -184,13 +235,20 @@ def scope_state(
     default burst); by default the profile of the scope's provider, as
     :meth:`~rateloop.admission.Limiter.profile_of` finds it.  ``waiters``
     is the scope's calls waiting now by priority
-    (:func:`rateloop.observe.waiters.waiters`).
+    (:func:`rateloop.observe.waiters.waiters`); ``recorded`` the limits
+    :func:`recorded_limits` found in its history, used when it has neither
+    configured nor learned limits.
     """
     aimd = aimd or AIMD()
     learned = _learned(raw.learned)
     governed_by = "configured" if spec is not None else None
     if spec is None and learned:
         spec, governed_by = LimitSpec.from_mapping(learned), "learned"
+    if spec is None and recorded:
+        spec, governed_by = LimitSpec.from_mapping(dict(recorded)), "recorded"
+    counts: dict[str, float] = {}
+    if spec is None and (count := _day_count(raw.state, now)) is not None:
+        counts["requests_per_day"] = count
     if profile is None:
         profile = profile_for(raw.scope.split(":", 1)[0], spec.profile if spec else None)
     st = raw.state
@@ -250,4 +308,5 @@ def scope_state(
         leases=raw.leases,
         dimensions=tuple(dims),
         waiters=dict(waiters or {}),
+        counts=counts,
     )

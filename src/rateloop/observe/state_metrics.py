@@ -23,8 +23,13 @@ Gauges (Prometheus names; OpenTelemetry uses ``rateloop.scope.<name>``):
 
 With a task store (``store=``), the queue too (``rateloop.queue.<name>``):
 
-- ``rateloop_queue_tasks{state}``: tasks by state (the depth is the sum of
-  ``queued``, ``running`` and the two waiting states);
+- ``rateloop_queue_tasks{state}``: tasks still to do by state (``queued``,
+  ``running`` and the two waiting states, each always present: their sum is
+  the depth);
+- ``rateloop_queue_depth``: that sum;
+- ``rateloop_queue_finished_tasks{state}``: tasks in the store that are done,
+  by terminal state (``completed``, ``failed_retry_exhausted``, ...): kept
+  apart so a queue's depth never counts them;
 - ``rateloop_queue_oldest_age_seconds``: age of the oldest unfinished task;
 - ``rateloop_queue_next_wakeup_seconds``: until the soonest parked task wakes;
 - ``rateloop_queue_parked{priority}``: parked tasks by priority class.
@@ -38,7 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from rateloop._clock import system_clock
-from rateloop.observe.queue_state import QueueState, read_queue
+from rateloop.observe.queue_state import UNFINISHED, QueueState, read_queue
 from rateloop.observe.state import Snapshot
 
 __all__ = [
@@ -69,7 +74,9 @@ GAUGES: dict[str, tuple[str, str | None]] = {
 
 
 QUEUE_GAUGES: dict[str, tuple[str, str | None]] = {
-    "tasks": ("Tasks in the store by state.", "state"),
+    "tasks": ("Tasks still to do, by state (queued, running, waiting).", "state"),
+    "depth": ("Tasks still to do: queued, running or waiting.", None),
+    "finished_tasks": ("Tasks done, by terminal state (not in the depth).", "state"),
     "oldest_age_seconds": ("Age of the oldest unfinished task.", None),
     "next_wakeup_seconds": ("Seconds until the soonest parked task wakes.", None),
     "parked": ("Parked (waiting) tasks by priority class.", "priority"),
@@ -88,8 +95,12 @@ _LEARNED_DIMENSION = {
 def queue_values(queue: QueueState) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Every queue gauge's ``(labels, value)`` pairs."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in QUEUE_GAUGES}
+    for state in UNFINISHED:
+        out["tasks"].append(({"state": state}, float(queue.by_state.get(state, 0))))
+    out["depth"].append(({}, float(queue.depth)))
     for state, n in sorted(queue.by_state.items()):
-        out["tasks"].append(({"state": state}, float(n)))
+        if state not in UNFINISHED:
+            out["finished_tasks"].append(({"state": state}, float(n)))
     if queue.oldest_age_secs is not None:
         out["oldest_age_seconds"].append(({}, queue.oldest_age_secs))
     wakes = [datetime.fromisoformat(t["retry_at"]) for t in queue.waiting if t["retry_at"]]

@@ -110,6 +110,15 @@ class Outcome:
     ``error`` is the last exception the call raised, the original object
     (None when every attempt returned); ``waited_secs`` is the total time
     the call slept: backoff, server minimums and admission waits together.
+
+    ``rung`` is the rung of the degrade ladder the call finished on
+    (``standard``, ``flex``, ``batch`` or ``fallback``; docs/ladder.md), and
+    ``cost_usd`` what it cost there: the route's prices with the tier's
+    discount, for the usage the provider reported (else the reserved cost),
+    None when the route has no prices or nothing was served (refusals are not
+    billed).  ``next_rung`` is set when the ladder hands the call on:
+    ``"batch"`` (status ``waiting_for_capacity``, ``route`` at the batch tier:
+    submit it to the batch API) or ``"park"`` (checkpoint it until ``retry_at``).
     """
 
     status: Status
@@ -123,6 +132,9 @@ class Outcome:
     events: Sequence[CapacityEvent] = ()
     error: BaseException | None = None
     waited_secs: float = 0.0
+    rung: str | None = None
+    cost_usd: float | None = None
+    next_rung: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -139,6 +151,12 @@ class Outcome:
             parts.append(f"signal={self.signal.kind.value}")
         if self.waited_secs:
             parts.append(f"waited={self.waited_secs:g}s")
+        if self.rung is not None and self.rung != "standard":
+            parts.append(f"rung={self.rung}")
+        if self.cost_usd is not None:
+            parts.append(f"cost=${self.cost_usd:.6f}")
+        if self.next_rung is not None:
+            parts.append(f"next_rung={self.next_rung}")
         if self.error is not None:
             parts.append(f"error={type(self.error).__name__}")
         return f"Outcome({', '.join(parts)})"

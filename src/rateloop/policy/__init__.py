@@ -20,6 +20,7 @@ from rateloop.policy._model import (
     AgentsPolicy,
     FallbackPolicy,
     Governance,
+    LadderPolicy,
     Policy,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "AgentsPolicy",
     "FallbackPolicy",
     "Governance",
+    "LadderPolicy",
     "Layer",
     "Policy",
     "PolicyWarning",

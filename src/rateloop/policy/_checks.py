@@ -17,12 +17,14 @@ from urllib.parse import urlsplit
 
 from rateloop._url import url_scheme
 from rateloop.admission.profile import PROFILES
+from rateloop.timing.ladder import NO_BATCH_CLASSES, RUNGS
 
 __all__ = [
     "LIMIT_ALIASES",
     "LIMIT_BOUNDS",
     "limit_bound_problems",
     "limit_kind_problems",
+    "rungs_problem",
     "scope_key_problem",
     "shown",
     "url_problem",
@@ -125,3 +127,21 @@ def limit_kind_problems(spec: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
     if profile is None or isinstance(profile, str):
         return []
     return [("profile", profile, ", ".join(repr(p) for p in PROFILES))]
+
+
+def rungs_problem(rungs: tuple[str, ...], allowed: tuple[str, ...]) -> str | None:
+    """Why ``rungs`` is not a ladder made of ``allowed`` rungs (see docs/ladder.md), or None."""
+    for rung in rungs:
+        if rung not in RUNGS:
+            return f"unknown rung {rung!r} (the rungs: {', '.join(RUNGS)})"
+        if rung not in allowed:
+            classes = " and ".join(sorted(NO_BATCH_CLASSES))
+            return f"rung {rung!r} is not allowed here: {classes} work never goes to batch"
+    if len(set(rungs)) < len(rungs):
+        twice = next(r for r in rungs if rungs.count(r) > 1)
+        return f"rung {twice!r} is listed twice"
+    if "park" in rungs[:-1]:
+        return "rung 'park' must be the last: nothing follows parking"
+    if not rungs:
+        return "a ladder needs at least one rung; leave it unset for the route and its fallbacks"
+    return None

@@ -84,7 +84,7 @@ def _env_value(spec: Leaf, text: str) -> Any:
         if lowered in _FALSE:
             return False
         return text
-    if spec.kind == "strs":
+    if spec.kind in ("strs", "rungs"):
         return [p.strip() for p in stripped.split(",") if p.strip()]
     return stripped
 

@@ -28,7 +28,14 @@ from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS
 from rateloop.timing.backoff import Backoff, Jitter, Strategy
 from rateloop.timing.budget import CallBudget, RunBudget
 
-__all__ = ["AdmissionPolicy", "AgentsPolicy", "FallbackPolicy", "Governance", "Policy"]
+__all__ = [
+    "AdmissionPolicy",
+    "AgentsPolicy",
+    "FallbackPolicy",
+    "Governance",
+    "LadderPolicy",
+    "Policy",
+]
 
 _CODE = "code"
 
@@ -43,10 +50,10 @@ def _check(obj: object, names: Mapping[str, Path]) -> list[ConfigError]:
             value = tuple(sorted(value))
         try:
             object.__setattr__(obj, attr, spec.normalize(value))
-        except Invalid:
+        except Invalid as exc:
             errors.append(
                 ConfigError(
-                    f"invalid value {shown(value)}",
+                    str(exc) or f"invalid value {shown(value)}",
                     source=_CODE,
                     key=dotted(path),
                     value=value,
@@ -90,6 +97,38 @@ class FallbackPolicy:
             raise ConfigError.many(errors)
         if self.allowed_providers is not None:
             object.__setattr__(self, "allowed_providers", frozenset(self.allowed_providers))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LadderPolicy:
+    """The ``[ladder]`` table: the degrade ladder of each priority class (docs/ladder.md).
+
+    A class left unset (the default) has no ladder: its calls take the route and
+    then its fallbacks, as without this table.  ``deferrable`` classes start on
+    their cheapest rung; ``flex_discount`` and ``batch_discount`` are the
+    tiers' price cuts (OpenAI's flex and batch: 50 %), used to price outcomes.
+    """
+
+    safety: tuple[str, ...] | None = None
+    interactive: tuple[str, ...] | None = None
+    scheduled: tuple[str, ...] | None = None
+    background: tuple[str, ...] | None = None
+    deferrable: tuple[str, ...] = ("background",)
+    flex_discount: float = 0.5
+    batch_discount: float = 0.5
+
+    def __post_init__(self) -> None:
+        errors = _check(self, _table_paths("ladder", SCHEMA["ladder"]))
+        if errors:
+            raise ConfigError.many(errors)
+
+    def rungs_for(self, priority: str) -> tuple[str, ...] | None:
+        """The ladder of a priority class, or None when it has none."""
+        rungs: tuple[str, ...] | None = getattr(self, str(priority), None)
+        return rungs if priority in _CLASSES else None
+
+
+_CLASSES = frozenset({"safety", "interactive", "scheduled", "background"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +205,7 @@ _FLAT: Mapping[str, Path] = {
 }
 _SUBTABLES: Mapping[str, type] = {
     "fallback": FallbackPolicy,
+    "ladder": LadderPolicy,
     "agents": AgentsPolicy,
     "admission": AdmissionPolicy,
     "governance": Governance,
@@ -198,6 +238,7 @@ class Policy:
     max_error_attempts: int | None = None
     enabled: bool = True
     fallback: FallbackPolicy = field(default_factory=FallbackPolicy)
+    ladder: LadderPolicy = field(default_factory=LadderPolicy)
     # A read-only mapping is not hashable; the hash leaves it out (equality does not).
     limits: Mapping[str, LimitSpec] = field(
         default_factory=lambda: MappingProxyType({}), hash=False
@@ -306,7 +347,7 @@ class Policy:
         for scope, spec in self.limits.items():
             for f in fields(LimitSpec):
                 out[dotted(("limits", scope, f.name))] = getattr(spec, f.name)
-        for table in ("agents", "admission", "governance"):
+        for table in ("ladder", "agents", "admission", "governance"):
             sub = getattr(self, table)
             for f in fields(sub):
                 out[f"{table}.{f.name}"] = getattr(sub, f.name)
@@ -336,6 +377,7 @@ class Policy:
                 max_cost_usd=v[("fallback", "max_cost_usd")],
                 data_class=v[("fallback", "data_class")],
             ),
+            ladder=LadderPolicy(**{k: v[("ladder", k)] for k in SCHEMA["ladder"]}),
             limits={scope: LimitSpec(**spec) for scope, spec in limits.items()},
             agents=AgentsPolicy(**{k: v[("agents", k)] for k in SCHEMA["agents"]}),
             admission=AdmissionPolicy(**{k: v[("admission", k)] for k in SCHEMA["admission"]}),

@@ -17,11 +17,10 @@ quoted: ``limits."openai:gpt-4.1".requests_per_minute``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from difflib import get_close_matches
-from typing import Any, Literal
+from typing import Any
 
 from rateloop.admission.spec import LimitSpec
 from rateloop.errors import ConfigError
@@ -31,15 +30,17 @@ from rateloop.policy._checks import (
     limit_kind_problems,
     scope_key_problem,
     shown,
-    url_problem,
 )
+from rateloop.policy._leaf import Invalid, Leaf, choice_leaf, num_leaf
 from rateloop.policy._paths import Path, dotted, parse_path
-from rateloop.route import Route
+from rateloop.route import TIERS, Route
 from rateloop.signal import DEFAULT_PAUSE_LIMIT_SECS
+from rateloop.timing.ladder import NO_BATCH_CLASSES, RUNGS
 
 __all__ = [
     "SCHEMA",
     "TABLES",
+    "Invalid",
     "Leaf",
     "Path",
     "check_layer",
@@ -50,7 +51,6 @@ __all__ = [
     "parse_path",
 ]
 
-LeafKind = Literal["int", "float", "bool", "str", "url", "choice", "strs", "routes"]
 
 # Every number has an upper bound: a value past it is a typo, and an unbounded one
 # (2**1024) would load and then overflow at the first admission.
@@ -59,91 +59,7 @@ _MAX_MULTIPLIER = 100.0
 _MAX_USD = 1_000_000.0
 _MAX_BYTES = 10**12
 _MAX_CONTEXT = 10**9
-
-
-class Invalid(Exception):
-    """A leaf value that does not fit its :class:`Leaf`; ``allowed`` says what would."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Leaf:
-    """One configurable value: its kind, default, bounds and the allowed sentence."""
-
-    kind: LeafKind
-    default: Any
-    allowed: str
-    lo: float | None = None
-    hi: float | None = None
-    choices: tuple[str, ...] = ()
-    optional: bool = False
-    lo_open: bool = False
-
-    def normalize(self, value: Any) -> Any:
-        """The value in canonical form (int → float for floats, list → tuple), or Invalid."""
-        if value is None:
-            if self.optional:
-                return None
-            raise Invalid
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise Invalid
-            return value
-        if self.kind in ("int", "float"):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise Invalid
-            if self.kind == "int" and not isinstance(value, int):
-                raise Invalid
-            try:
-                number = value if self.kind == "int" else float(value)
-                if math.isnan(number) or math.isinf(number):
-                    raise Invalid
-            except OverflowError:  # an int too large for a float
-                raise Invalid from None
-            if self.lo is not None and (number <= self.lo if self.lo_open else number < self.lo):
-                raise Invalid
-            if self.hi is not None and number > self.hi:
-                raise Invalid
-            return number
-        if self.kind == "url":
-            if not isinstance(value, str) or url_problem(value) is not None:
-                raise Invalid
-            return value
-        if self.kind in ("str", "choice"):
-            if not isinstance(value, str) or not value.strip():
-                raise Invalid
-            if self.choices and value not in self.choices:
-                raise Invalid
-            return value
-        if self.kind == "strs":
-            if not isinstance(value, list | tuple) or not all(
-                isinstance(v, str) and v.strip() for v in value
-            ):
-                raise Invalid
-            return tuple(value)
-        raise Invalid  # pragma: no cover - routes are handled by check_routes
-
-
-def _num(
-    kind: LeafKind, default: Any, lo: float, hi: float | None, unit: str = "", **kw: Any
-) -> Leaf:
-    kind_word = "an integer" if kind == "int" else "a number"
-    if hi is None:
-        allowed = f"{kind_word}{unit} >{'' if kw.get('lo_open') else '='} {lo:g}"
-    else:
-        allowed = f"{kind_word}{unit} from {lo:g} to {hi:g}"
-    if kw.get("optional"):
-        allowed += ", or unset"
-    return Leaf(kind=kind, default=default, allowed=allowed, lo=lo, hi=hi, **kw)
-
-
-def _choice(default: str, *choices: str) -> Leaf:
-    return Leaf(
-        kind="choice",
-        default=default,
-        choices=choices,
-        allowed=" | ".join(repr(c) for c in choices),
-    )
-
+_num, _choice = num_leaf, choice_leaf
 
 _SECS = " of seconds"
 
@@ -180,6 +96,28 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
             kind="str", default=None, optional=True, allowed="a data class tag, e.g. 'pii'"
         ),
     },
+    "ladder": {
+        **{
+            cls: Leaf(
+                kind="rungs",
+                default=None,
+                optional=True,
+                choices=allowed,
+                allowed=f"a list of rungs from {', '.join(allowed)}, walked in order, park last, "
+                "or unset for the route and its fallbacks",
+            )
+            for cls in ("safety", "interactive", "scheduled", "background")
+            for allowed in [tuple(r for r in RUNGS if r != "batch" or cls not in NO_BATCH_CLASSES)]
+        },
+        "deferrable": Leaf(
+            kind="strs",
+            default=("background",),
+            choices=("safety", "interactive", "scheduled", "background"),
+            allowed="a list of priority classes: safety, interactive, scheduled, background",
+        ),
+        "flex_discount": _num("float", 0.5, 0, 1),
+        "batch_discount": _num("float", 0.5, 0, 1),
+    },
     "agents": {
         "max_retries": _num("int", 5, 0, 100),
         "base_delay_secs": _num("float", 60.0, 0, _MAX_SECS, _SECS),
@@ -205,7 +143,9 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
 }
 
 #: The tables of a policy file, in the order they are printed.
-TABLES: tuple[str, ...] = ("backoff", "fallback", "limits", "agents", "admission", "governance")
+TABLES: tuple[str, ...] = (
+    "backoff", "fallback", "ladder", "limits", "agents", "admission", "governance"
+)
 
 _LIMIT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LimitSpec))
 _ROUTE_FIELDS: Mapping[str, Leaf] = {
@@ -217,6 +157,7 @@ _ROUTE_FIELDS: Mapping[str, Leaf] = {
     "tags": Leaf(kind="strs", default=(), allowed="a list of data class tags, e.g. ['pii']"),
     "input_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
     "output_price_per_mtok": _num("float", None, 0, _MAX_USD, " of US dollars", optional=True),
+    "tier": _choice("standard", *TIERS),
 }
 
 
@@ -294,8 +235,11 @@ class _Checker:
     def leaf(self, path: Path, spec: Leaf, value: Any) -> None:
         try:
             self.leaves[path] = spec.normalize(value)
-        except Invalid:
-            self.invalid(path, value, spec.allowed)
+        except Invalid as exc:
+            if str(exc):
+                self.error(path, str(exc), value, spec.allowed)
+            else:
+                self.invalid(path, value, spec.allowed)
 
     def routes(self, path: Path, value: Any) -> None:
         if not isinstance(value, list | tuple):

@@ -18,6 +18,13 @@ import typer
 from rich.console import Console
 
 from rateloop.sim.harness import run_strategy
+from rateloop.sim.ladder import (
+    LADDER_NOTE,
+    LADDER_STRATEGIES,
+    LadderScenario,
+    render_ladder,
+    run_ladder,
+)
 from rateloop.sim.plan import plan_capacity
 from rateloop.sim.report import HONESTY, MissingExtra, render_table, summary, write_png
 from rateloop.sim.scenarios import SCENARIOS, Scenario, build_scenario
@@ -41,7 +48,9 @@ def _names(raw: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 def simulate_command(
     scenario: Annotated[str, typer.Option(
-        help="Comma-separated scenarios, or all: " + ", ".join(SCENARIOS) + ".")] = "burst,steady",
+        help="Comma-separated scenarios, or all: " + ", ".join(SCENARIOS) + ", ladder (the "
+             "degrade ladder: its own work and strategies; --seed and --json apply).")
+    ] = "burst,steady",
     strategies: Annotated[str, typer.Option(
         help="Comma-separated strategies, or all: " + ", ".join(STRATEGIES) + ".")] = "all",
     tasks: Annotated[int, typer.Option(help="Agent tasks in the fleet.")] = 40,
@@ -88,7 +97,12 @@ def simulate_command(
         rpm, tpm, itpm, otpm, rpd, concurrency = (
             v or None for v in (rpm, tpm, itpm, otpm, rpd, concurrency)
         )
-        scenarios = _names(scenario, SCENARIOS, "scenario")
+        scenarios = _names(scenario, (*SCENARIOS, "ladder"), "scenario")
+        ladder = "ladder" in scenarios
+        scenarios = [name for name in scenarios if name != "ladder"]
+        if ladder and not scenarios and (plan or png is not None):
+            raise ValueError("--plan and --png take the fleet scenarios "
+                             f"({', '.join(SCENARIOS)}); the ladder scenario has neither")
         chosen = _names(strategies, tuple(STRATEGIES), "strategies")
         workload: Workload | None = load_trace(trace) if trace is not None else None
         built: list[Scenario] = [
@@ -99,7 +113,7 @@ def simulate_command(
                            workload=workload, seed=seed)
             for name in scenarios
         ]
-        if plan:
+        if plan and built:
             first = built[0]
             result = plan_capacity(first.workload, first.limits, profile=profile,
                                    latency=latency, target_secs=target)
@@ -127,9 +141,16 @@ def simulate_command(
             write_png(sc, results, out)
             if not as_json:
                 console.print(f"wrote {out}", highlight=False)
+    if ladder:
+        ladder_rows = [run_ladder(name, seed=seed) for name in LADDER_STRATEGIES]
+        rows += [r.summary() for r in ladder_rows]
+        if not as_json:
+            render_ladder(LadderScenario(), ladder_rows, console)
+            console.print(LADDER_NOTE, style="italic", highlight=False)
     if as_json:
-        sys.stdout.write(json.dumps({"note": HONESTY, "rows": rows}, indent=2) + "\n")
-    else:
+        note = " ".join(([HONESTY] if built else []) + ([LADDER_NOTE] if ladder else []))
+        sys.stdout.write(json.dumps({"note": note, "rows": rows}, indent=2) + "\n")
+    elif built:
         console.print(HONESTY, style="italic", highlight=False)
 
 

@@ -10,7 +10,15 @@ continues it then.  Stores: SQLite (embedded, the default) and PostgreSQL
 
 from __future__ import annotations
 
-from rateloop.tasks.definition import Step, StepContext, Task, TaskRegistry, registry, task
+from rateloop.tasks.definition import (
+    LeaseLost,
+    Step,
+    StepContext,
+    Task,
+    TaskRegistry,
+    registry,
+    task,
+)
 from rateloop.tasks.deliveries import Delivery, DeliveryReason, delivery_summary
 from rateloop.tasks.model import (
     USER_MESSAGE_POLICY,
@@ -46,6 +54,7 @@ __all__ = [
     "CompletedStep",
     "Delivery",
     "DeliveryReason",
+    "LeaseLost",
     "Ledger",
     "PendingOperation",
     "PostgresTaskStore",

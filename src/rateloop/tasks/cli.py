@@ -138,6 +138,18 @@ def _row(rec: TaskRecord, note: str | None) -> str:
             f"{step:>5}  {when:<25}  {reason}")
 
 
+def _cost_line(records: list[TaskRecord]) -> str | None:
+    """What the listed tasks' finished steps cost, in all and by ladder rung (None: unpriced)."""
+    by_rung: dict[str, float] = {}
+    for rec in records:
+        for rung, usd in runtime_summary(rec)["cost_by_rung"].items():
+            by_rung[rung] = by_rung.get(rung, 0.0) + usd
+    if not by_rung:
+        return None
+    parts = ", ".join(f"{rung} ${usd:.4f}" for rung, usd in sorted(by_rung.items()))
+    return f"cost ${sum(by_rung.values()):.4f} ({parts})"
+
+
 def _workers_line(live: list[WorkerPresence]) -> str:
     if not live:
         return "running workers: none"
@@ -176,6 +188,9 @@ def list_command(
     for rec in records:
         typer.echo(_row(rec, worker_note(rec, live)))
     typer.echo(", ".join(f"{k.value} {v}" for k, v in sorted(counts.items())) or "no tasks")
+    cost = _cost_line(records)
+    if cost:
+        typer.echo(cost)
     typer.echo(_workers_line(live))
 
 

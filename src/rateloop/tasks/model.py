@@ -68,6 +68,19 @@ def signal_from_dict(data: dict[str, Any]) -> LimitSignal:
     )
 
 
+def _route_dict(route: Route) -> dict[str, Any]:
+    """A route as the checkpoint keeps it: its fields (a route holds no secret), tags sorted."""
+    return {"provider": route.provider, "model": route.model, "project": route.project,
+            "tenant": route.tenant, "context_window": route.context_window,
+            "tags": sorted(route.tags), "input_price_per_mtok": route.input_price_per_mtok,
+            "output_price_per_mtok": route.output_price_per_mtok, "tier": route.tier}
+
+
+def _route_of(data: dict[str, Any]) -> Route:
+    """The route :func:`_route_dict` wrote."""
+    return Route(**{**data, "tags": frozenset(data.get("tags", ()))})
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Attempts by layer for the whole task; ``redeliveries`` are lease losses, ``wakes`` parks."""
@@ -89,17 +102,26 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class CompletedStep:
-    """A finished step: its status, what it returned (or a reference to it), its attempts."""
+    """A finished step: its status, what it returned (or a reference to it), its attempts.
+
+    ``rung`` and ``cost_usd`` are the outcome's (the ladder rung it finished on,
+    what it cost there; docs/ladder.md), written only when known.
+    """
 
     index: int
     name: str
     status: str
     result: Any = None
     attempts: int = 0
+    rung: str | None = None
+    cost_usd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        # Written only when set: checkpoints of steps without them keep their shape.
+        extra = {k: v for k, v in (("rung", self.rung), ("cost_usd", self.cost_usd))
+                 if v is not None}
         return {"index": self.index, "name": self.name, "status": self.status,
-                "result": self.result, "attempts": self.attempts}
+                "result": self.result, "attempts": self.attempts, **extra}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +186,17 @@ class Checkpoint:
     outcome_check: str | None = None
     user_visible_status: str = "queued"
     reason: str = ""
+    #: What the current step saved of its own progress (``ctx.save_progress``): JSON, or None.
+    step_progress: Any = None
+    #: The batch-tier route the current step's call was handed to (the ladder's ``batch``
+    #: rung): while set, every delivery of the step runs on the batch rung (flow rule 8).
+    batch_route: Route | None = None
 
     def to_json(self) -> str:
+        # Written only while set: checkpoints of steps that save none keep their old shape.
+        progress = {} if self.step_progress is None else {"step_progress": self.step_progress}
+        if self.batch_route is not None:
+            progress["batch_route"] = _route_dict(self.batch_route)
         return json.dumps(
             {
                 "task_id": self.task_id,
@@ -185,6 +216,7 @@ class Checkpoint:
                 "outcome_check": self.outcome_check,
                 "user_visible_status": self.user_visible_status,
                 "reason": self.reason,
+                **progress,
             },
             sort_keys=True,
         )
@@ -210,6 +242,8 @@ class Checkpoint:
             outcome_check=data.get("outcome_check"),
             user_visible_status=data.get("user_visible_status", ""),
             reason=data.get("reason", ""),
+            step_progress=data.get("step_progress"),
+            batch_route=_route_of(data["batch_route"]) if data.get("batch_route") else None,
         )
 
 
@@ -279,6 +313,11 @@ def runtime_summary(record: TaskRecord) -> dict[str, Any]:
     """
     ck = record.checkpoint
     pending = ck.pending_operation
+    by_rung: dict[str, float] = {}
+    for done in ck.completed_steps:
+        if done.cost_usd is not None:
+            rung = done.rung or "standard"
+            by_rung[rung] = by_rung.get(rung, 0.0) + done.cost_usd
     return {
         "task_id": record.task_id,
         "task": record.name,
@@ -292,4 +331,7 @@ def runtime_summary(record: TaskRecord) -> dict[str, Any]:
         "reason": ck.reason,
         "user_visible_status": ck.user_visible_status,
         "user_message_policy": USER_MESSAGE_POLICY,
+        # What the finished steps cost, in all and by the ladder rung they finished on.
+        "cost_usd": sum(by_rung.values()) if by_rung else None,
+        "cost_by_rung": dict(sorted(by_rung.items())),
     }

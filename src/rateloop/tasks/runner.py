@@ -27,11 +27,14 @@ from typing import Any
 from rateloop._clock import Clock, system_clock
 from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome.record import Outcome, Status
+from rateloop.policy import Policy
 from rateloop.route import Route
-from rateloop.tasks.definition import Task, TaskRegistry, registry
+from rateloop.tasks.batch_rung import batch_rung_outcome
+from rateloop.tasks.definition import LeaseLost, StepContext, Task, TaskRegistry, registry
 from rateloop.tasks.flow import (
     CheckReply,
     CheckWrite,
+    RunBatch,
     RunStep,
     Save,
     SaveAck,
@@ -202,6 +205,44 @@ class _BaseRunner:
         assert check is not None  # the flow asks only a step that has one
         return check(effect.context, effect.route)
 
+    def _progress_saver(self, effect: RunStep | RunBatch) -> tuple[StepContext, list[Any]]:
+        """The step's context with a ``save_progress`` that checkpoints now, fenced.
+
+        The list receives each saved value, so the flow keeps the last one in
+        its record (and its later saves do not undo it).
+        """
+        saved: list[Any] = []
+        record = effect.record
+        if record is None:
+            return effect.context, saved
+
+        def save(progress: Any) -> None:
+            json.dumps(progress)  # a TypeError names the type; nothing is written
+            nonlocal record
+            assert record is not None
+            updated = record.with_checkpoint(step_progress=progress)
+            if not self.store.save(self._renewed(updated), fence=updated.fence):
+                raise LeaseLost(f"task {updated.task_id}: the store refused the progress of "
+                                f"step {effect.step.name}: the lease is lost")
+            record = updated
+            saved.append(progress)
+
+        return replace(effect.context, saver=save), saved
+
+    def _on_batch_rung(self, effect: RunBatch, policy: Policy, limiter: Any) -> StepResult:
+        """Perform :class:`RunBatch` (blocking): the step's ``batch=`` on the runner's terms."""
+        ctx, saved = self._progress_saver(effect)
+        try:
+            out = batch_rung_outcome(effect, ctx, policy=policy, limiter=limiter, clock=self.clock)
+        except Exception as exc:
+            return self._result(None, exc, self.clock.now(), saved)
+        return self._result(out, None, self.clock.now(), saved)
+
+    @staticmethod
+    def _result(out: Outcome | None, error: BaseException | None, now: datetime,
+                saved: list[Any]) -> StepResult:
+        return StepResult(out, error, now, (saved[-1],) if saved else None)
+
     @staticmethod
     def _local(value: Any) -> Outcome:
         if isinstance(value, Outcome):
@@ -276,6 +317,8 @@ class TaskRunner(_BaseRunner):
                     result = self._ack(saved)
                 elif isinstance(effect, CheckWrite):
                     result = self._check_write(effect)
+                elif isinstance(effect, RunBatch):
+                    result = self._on_batch_rung(effect, self.loop.policy, self.loop.limiter)
                 else:
                     result = self._run_step(effect)
         finally:
@@ -291,7 +334,8 @@ class TaskRunner(_BaseRunner):
         return CheckReply(verdict, None)
 
     def _run_step(self, effect: RunStep) -> StepResult:
-        step, ctx = effect.step, effect.context
+        step = effect.step
+        ctx, saved = self._progress_saver(effect)
         try:
             if step.route is not None:
                 out = self.loop.call(
@@ -300,8 +344,8 @@ class TaskRunner(_BaseRunner):
             else:
                 out = self._local(_not_awaitable(step.fn(ctx), f"step {step.name}"))
         except Exception as exc:
-            return StepResult(None, exc, self.clock.now())
-        return StepResult(out, None, self.clock.now())
+            return self._result(None, exc, self.clock.now(), saved)
+        return self._result(out, None, self.clock.now(), saved)
 
 
 def _not_awaitable(value: Any, what: str) -> Any:
@@ -404,6 +448,9 @@ class AsyncTaskRunner(_BaseRunner):
                     result = self._ack(ok)
                 elif isinstance(effect, CheckWrite):
                     result = await self._check_write(effect)
+                elif isinstance(effect, RunBatch):  # the batch API's client blocks
+                    result = await asyncio.to_thread(
+                        self._on_batch_rung, effect, self.loop.policy, self.loop.limiter)
                 else:
                     result = await self._run_step(effect)
         finally:
@@ -429,7 +476,10 @@ class AsyncTaskRunner(_BaseRunner):
         return CheckReply(verdict, None)
 
     async def _run_step(self, effect: RunStep) -> StepResult:
-        step, ctx = effect.step, effect.context
+        # A progress save blocks the event loop for one store write: rare (a batch's
+        # submission), and it must land before the step goes on.
+        step = effect.step
+        ctx, saved = self._progress_saver(effect)
         try:
             if step.route is not None:
                 out = await self.loop.call(
@@ -441,7 +491,7 @@ class AsyncTaskRunner(_BaseRunner):
                     value = await value
                 out = self._local(value)
         except Exception as exc:
-            return StepResult(None, exc, self.clock.now())
-        return StepResult(out, None, self.clock.now())
+            return self._result(None, exc, self.clock.now(), saved)
+        return self._result(out, None, self.clock.now(), saved)
 
 

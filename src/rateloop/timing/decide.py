@@ -57,6 +57,11 @@ The rules, in order:
    most half of it, keeping the rest for the attempt); otherwise the call
    stops ``waiting_for_capacity``.
 
+Before rule 0, a call whose chain reached the ``batch`` rung of its degrade
+ladder ends there, ``waiting_for_capacity`` with ``next_rung="batch"``: the
+task layer submits it to the batch API (:mod:`rateloop.timing.ladder`, whose
+rule 6 also reads every ``waiting_for_capacity`` stop of a call with a ladder).
+
 Two more questions come from outside an attempt:
 
 8. Admission refused the call (:func:`decide_admission`): a cost that can
@@ -84,6 +89,7 @@ from rateloop.outcome.record import Status
 from rateloop.signal import CONNECT_FAILED, Kind, LimitSignal
 from rateloop.timing.decision import Decision, FallBack, Proceed, Stop, Wait
 from rateloop.timing.exits import completed, exhausted, stop_for
+from rateloop.timing.ladder import ladder_end
 from rateloop.timing.moves import fall_back_now, next_route
 from rateloop.timing.state import LoopSettings, LoopState
 from rateloop.timing.waits import wait_before
@@ -168,7 +174,21 @@ def decide(
     with the :class:`LoopSettings` fields, a :class:`~rateloop.policy.Policy`
     for one.
     """
+    step = _decide(state, signal, policy, now)
+    return ladder_end(step, state.ladder) if isinstance(step, Stop) else step
+
+
+def _decide(
+    state: LoopState, signal: LimitSignal | None, policy: LoopSettings, now: float
+) -> Decision:
     route = state.route
+    if signal is None and route.tier == "batch":
+        return Stop(
+            Status.WAITING_FOR_CAPACITY,
+            f"handed to the batch rung: submit it to {route.provider}'s batch API "
+            f"({route.scope})",
+            next_rung="batch",
+        )
     if signal is None:
         deadline = state.budget.deadline
         if deadline is not None and now >= deadline:
@@ -281,6 +301,9 @@ def default_attempts_per_route(max_attempts: int, routes: int) -> int:
 def _fit_fallback(
     state: LoopState, policy: LoopSettings, now: float, found: FallBack, signal: LimitSignal
 ) -> FallBack | Stop:
+    if found.route.tier == "batch":  # nothing is sent now: no backoff before the hand-over
+        reason = f"{signal.kind.value} on {state.route.scope}; moving to the batch rung"
+        return FallBack(found.route, 0.0, reason, found.index, found.skipped)
     # A server's minimum belongs to the scope that sent it: between routes, the backoff.
     step = wait_before(state, signal, policy.pause_limit_secs, now, found.route, None)
     if isinstance(step, Stop):
@@ -315,6 +338,13 @@ def decide_admission(
     so the recovery clock runs.  A :class:`Wait` here is an admission wait,
     not a retry: the loop does not :func:`~rateloop.timing.state.take` it.
     """
+    step = _decide_admission(state, refusal, settings, now)
+    return ladder_end(step, state.ladder) if isinstance(step, Stop) else step
+
+
+def _decide_admission(
+    state: LoopState, refusal: AdmissionRefusal, settings: LoopSettings, now: float
+) -> Wait | FallBack | Stop:
     route = state.route
     if refusal.never_fits:
         return Stop(Status.REJECTED, f"admission refused on {route.scope}: {refusal.reason}")

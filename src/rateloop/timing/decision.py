@@ -49,13 +49,18 @@ class FallBack:
 
 @dataclass(frozen=True, slots=True)
 class Stop:
-    """End the call.  ``retry_at`` / ``retry_in`` say when it may be worth trying again."""
+    """End the call.  ``retry_at`` / ``retry_in`` say when it may be worth trying again.
+
+    ``next_rung`` is the degrade ladder's hand-over (:mod:`rateloop.timing.ladder`):
+    ``"batch"`` (submit the call to the batch API) or ``"park"`` (checkpoint it).
+    """
 
     status: Status
     reason: str
     retry_at: datetime | None = None
     retry_in: float | None = None
     skipped: Skips = ()
+    next_rung: str | None = None
 
 
 Decision = Proceed | Wait | FallBack | Stop

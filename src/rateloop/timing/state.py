@@ -51,6 +51,7 @@ from rateloop.signal import Kind, LimitSignal
 from rateloop.timing.backoff import Backoff
 from rateloop.timing.budget import CallBudget
 from rateloop.timing.decision import FallBack, Wait
+from rateloop.timing.ladder import Ladder
 
 __all__ = [
     "ANSWERED",
@@ -168,10 +169,20 @@ class LoopState:
     spent_providers: set[str] = field(default_factory=set)
     controlled_retry_used: bool = False
     answered: Answered = field(default_factory=_process_answered)
+    #: The rung of each route of the chain, and the ladder (None: the class has none).
+    rungs: tuple[str, ...] = ()
+    ladder: Ladder | None = None
 
     @property
     def route(self) -> Route:
         return self.chain[self.index]
+
+    @property
+    def rung(self) -> str:
+        """The rung the call is on: ``standard``, ``flex``, ``batch`` or ``fallback``."""
+        if self.rungs:
+            return self.rungs[self.index]
+        return self.route.tier if self.index == 0 else "fallback"
 
     def wall(self, now: float) -> datetime:
         mono0, wall0 = self.epoch

@@ -13,6 +13,8 @@ key ``S`` whose ``provider:model`` is ``R`` (``prefix`` defaults to
     {prefix}{R}:k:{S}   hash: limits learned from the provider's headers (zero-config)
     {prefix}{R}:h:{S}:{H}  hash: scope S's history for epoch hour H, a field per minute,
                         expiring 24 h after the hour ends (rateloop.admission.history)
+    {prefix}{R}:q:{S}   hash: the holds of scope S (a batch's enqueued tokens), a field per
+                        key, ``"amount expiry"`` (rateloop.admission.holds)
     {prefix}events      stream: the loop's events (``RedisEventSink``)
     {prefix}events:notable  stream: the notable ones again (pauses, fallbacks, skips,
                         stops), capped apart so routine admissions never push them out
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "HISTORY",
+    "HOLDS",
     "KINDS",
     "LEARNED",
     "LEASES",
@@ -46,6 +49,8 @@ LEASES = "l"
 LEARNED = "k"
 #: The per-hour history hashes of a scope (``key_of(prefix, HISTORY, scope)`` + ``:{hour}``).
 HISTORY = "h"
+#: The holds of a scope: capacity in flight until released (``enqueued_tokens``).
+HOLDS = "q"
 #: The key kinds of one scope: state hash, lease set, learned limits.
 KINDS = (STATE, LEASES, LEARNED)
 

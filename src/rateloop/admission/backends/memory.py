@@ -175,6 +175,11 @@ class MemoryBackend:
 
     url = "memory://"
 
+    @property
+    def clock(self) -> Clock:
+        """The clock this backend's state runs on."""
+        return self._clock
+
     def __repr__(self) -> str:
         return f"MemoryBackend(scopes={len(self._scopes)})"
 

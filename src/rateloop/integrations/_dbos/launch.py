@@ -7,6 +7,8 @@ import math
 import psycopg
 from dbos import DBOS, DBOSConfig
 
+from rateloop._redact import redact_url
+from rateloop._url import url_scheme
 from rateloop.errors import BackendError
 
 __all__ = ["check_system_database", "launch"]
@@ -14,10 +16,11 @@ __all__ = ["check_system_database", "launch"]
 
 def _postgres_dsn(url: str) -> str | None:
     """The libpq form of a PostgreSQL URL (``postgresql+psycopg://`` too); None otherwise."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.split("+", 1)[0].lower() not in ("postgresql", "postgres"):
+    scheme = url_scheme(url)
+    rest = url[len(scheme) :]
+    if not rest.startswith("://") or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
         return None
-    return f"postgresql://{rest}"
+    return "postgresql" + rest
 
 
 def check_system_database(url: str, *, connect_timeout: float = 5.0) -> None:
@@ -35,8 +38,8 @@ def check_system_database(url: str, *, connect_timeout: float = 5.0) -> None:
             return
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackendError(
-            f"the DBOS system database at {url} is not reachable ({first}): start PostgreSQL "
-            "there, or set system_database_url to a running server"
+            f"the DBOS system database at {redact_url(url)} is not reachable ({first}): "
+            "start PostgreSQL there, or set system_database_url to a running server"
         ) from exc
 
 

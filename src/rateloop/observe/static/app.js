@@ -19,23 +19,34 @@ function fmt(n) {
   return Number.isInteger(n) || Math.abs(n) >= 100 ? String(Math.round(n)) : n.toFixed(1);
 }
 
-function pauseText(scope, now) {
-  if (!scope.paused) return "admitting";
-  const left = Math.max(0, (new Date(scope.paused_until) - now) / 1000);
-  const why = scope.pause_reason ? ` (${scope.pause_reason})` : "";
-  return `paused until ${clock(scope.paused_until)}, ${left.toFixed(1)} s left${why}`;
+// A moment in the browser's time, with its date when it is not today's.
+function when(iso, nowIso) {
+  const at = new Date(iso), now = new Date(nowIso);
+  if (at.toDateString() === now.toDateString()) return clock(iso);
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())} ${clock(iso)}`;
 }
 
-function gauge(d, learned) {
+// The scope's verdict, as the server words it (rateloop.observe.present, as in `rateloop
+// status`): admitting, paused or refusing (a quota spent, here or in a broader scope).
+function badgeText(v, nowIso) {
+  if (v.state === "admitting") return "admitting";
+  const until = v.until ? ` until ${when(v.until, nowIso)}, ${v.left} left` : "";
+  return `${v.state}${until}${v.why ? ` (${v.why})` : ""}`;
+}
+
+function gauge(d, governedBy, nowIso) {
   const pct = Math.round(d.headroom_fraction * 100);
   const fill = el("div", { class: "fill" + (pct <= 0 ? " empty" : pct < 20 ? " low" : "") });
   fill.style.width = pct + "%";
   let note = `headroom ${fmt(d.headroom)} of ${fmt(d.capacity)} (${pct}%)`;
-  if (d.blocked_until) note += `, blocked until ${clock(d.blocked_until)}`;
+  if (d.blocked_until) note += `, blocked until ${when(d.blocked_until, nowIso)}`;
+  else if (d.resets_at) note += `, resets ${when(d.resets_at, nowIso)}`;
+  const source = governedBy === "learned" || governedBy === "recorded" ? ` (${governedBy})` : "";
   return el(
     "div",
     { class: "gauge", "data-dimension": d.dimension, "data-headroom": String(d.headroom) },
-    el("span", {}, `${d.dimension} · ${d.configured}${d.kind === "day" ? "/day" : d.kind === "bucket" ? "/min" : " slots"}${learned ? " (learned)" : ""}`),
+    el("span", {}, `${d.dimension} · ${d.configured}${d.kind === "day" ? "/day" : d.kind === "bucket" ? "/min" : " slots"}${source}`),
     el("div", { class: "bar", role: "meter", "aria-valuenow": String(pct), "aria-valuemin": "0", "aria-valuemax": "100" }, fill),
     el("span", {}, note),
   );
@@ -54,7 +65,7 @@ function waitersLine(waiters) {
   return line;
 }
 
-function drawScopes(snapshot) {
+function drawScopes(snapshot, views) {
   const box = $("scopes");
   box.replaceChildren();
   const now = new Date(snapshot.at);
@@ -63,17 +74,25 @@ function drawScopes(snapshot) {
     return;
   }
   for (const s of snapshot.scopes) {
+    const view = views[s.scope] || { verdict: { state: "admitting" }, within: null };
     const card = el(
       "section",
-      { class: "scope", "data-scope": s.scope, "data-paused": String(s.paused) },
-      el("h3", {}, s.scope, el("span", { class: "badge" }, pauseText(s, now)),
+      { class: "scope", "data-scope": s.scope, "data-paused": String(s.paused),
+        "data-state": view.verdict.state },
+      el("h3", {}, s.scope,
+        el("span", { class: "badge " + view.verdict.state }, badgeText(view.verdict, snapshot.at)),
         el("span", { class: "meta" }, `AIMD ${s.factor.toFixed(2)} · leases ${s.leases}`)),
     );
     card.append(waitersLine(s.waiters || {}));
     if (!s.dimensions.length) {
-      card.append(el("p", { class: "empty" }, s.configured ? "no limited dimension" : "no configured limits (start with --config)"));
+      let note = "no limits known (start with --config)";
+      if (view.within) note = `within the limits of ${view.within}`;
+      else if (Object.keys(s.counts || {}).length) {
+        note = Object.entries(s.counts).map(([d, n]) => `${d} ${fmt(n)} today (limit unknown)`).join(", ");
+      } else if (s.configured) note = "no limited dimension";
+      card.append(el("p", { class: "empty" }, note));
     }
-    for (const d of s.dimensions) card.append(gauge(d, s.governed_by === "learned"));
+    for (const d of s.dimensions) card.append(gauge(d, s.governed_by, snapshot.at));
     box.append(card);
   }
 }
@@ -88,30 +107,25 @@ function drawTimeline(entries) {
   }
 }
 
-function duration(secs) {
-  if (secs < 60) return `${secs.toFixed(1)} s`;
-  if (secs < 3600) return `${Math.floor(secs / 60)} min ${Math.round(secs % 60)} s`;
-  return `${Math.floor(secs / 3600)} h ${Math.round((secs % 3600) / 60)} min`;
-}
-
 function drawQueue(queue) {
   const panel = $("tasks-panel");
   panel.hidden = !queue;
   if (!queue) return;
   const states = Object.entries(queue.by_state).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`);
-  const oldest = queue.oldest_age_secs == null ? "-" : duration(queue.oldest_age_secs);
+  const oldest = queue.oldest_age || "-";
   $("queue-summary").textContent =
     `depth ${queue.depth} · oldest ${oldest} · ${states.join(", ") || "empty"}`;
   const body = $("tasks").querySelector("tbody");
   body.replaceChildren();
   if (!queue.waiting.length) {
-    body.append(el("tr", {}, el("td", { colspan: "5", class: "empty" }, "no parked tasks")));
+    body.append(el("tr", {}, el("td", { colspan: "6", class: "empty" }, "no parked tasks")));
   }
   for (const t of queue.waiting) {
     body.append(el("tr", { "data-task-id": t.task_id, "data-state": t.state },
       el("td", {}, `${t.task} ${t.task_id}`), el("td", {}, t.state), el("td", {}, t.priority),
-      el("td", { class: "retry-at" }, t.retry_at ? clock(t.retry_at) : "-"),
-      el("td", { class: "remaining" }, t.remaining_steps.join(", ") || "-")));
+      el("td", { class: "retry-at" }, t.retry_at ? `${when(t.retry_at, queue.at)} (in ${t.wakes_in})` : "-"),
+      el("td", { class: "remaining" }, t.remaining_steps.join(", ") || "-"),
+      el("td", { class: "reason" }, t.reason || "-")));
   }
 }
 
@@ -128,7 +142,7 @@ async function refresh() {
     if (state.snapshot) {
       $("source").textContent = `prefix ${state.snapshot.prefix}`;
       $("updated").textContent = `read at ${clock(state.snapshot.at)}`;
-      drawScopes(state.snapshot);
+      drawScopes(state.snapshot, state.views || {});
     }
     drawQueue(state.queue);
     drawTimeline(state.timeline);

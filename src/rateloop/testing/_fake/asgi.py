@@ -210,7 +210,9 @@ def handle_httpx(provider: Served, request: Any) -> Any:
     if path == "/fake/stats" and request.method == "GET":
         return library.Response(200, json={**provider.stats.as_dict(),
                                            "config": describe(provider)})
-    answer = provider.batch_route(request.method, path, dict(request.headers), request.content)
+    query = request.url.query.decode("latin-1")
+    answer = provider.batch_route(request.method, f"{path}?{query}" if query else path,
+                                  dict(request.headers), request.content)
     if answer is not None:
         status, content_type, content = answer
         return library.Response(status, headers={"content-type": content_type}, content=content)
@@ -258,7 +260,8 @@ async def serve_asgi(provider: Served, scope: Any, receive: Receive, send: Send)
         provider.reset()
         await _send_json(send, 200, {"reset": True})
         return
-    answer = provider.batch_route(method, path, headers, raw)
+    query = scope.get("query_string", b"").decode("latin-1")
+    answer = provider.batch_route(method, f"{path}?{query}" if query else path, headers, raw)
     if answer is not None:
         status, content_type, content = answer
         await send({"type": "http.response.start", "status": status,

@@ -351,6 +351,23 @@ class Batches:
             fields = batch_fields(batch, self._view(batch))
             return bs.openai_batch(fields) if flavor == "openai" else bs.anthropic_batch(fields)
 
+    def page(self, flavor: Flavor, *, limit: int,
+             after: str | None) -> tuple[list[dict[str, Any]], bool] | None:
+        """Up to ``limit`` batches, newest first, after the batch ``after`` (``None``: an
+        unknown cursor), and whether more follow."""
+        with self._lock:
+            mine = [b for b in reversed(self._batches.values()) if b.flavor == flavor]
+            start = 0
+            if after is not None:
+                ids = [b.id for b in mine]
+                if after not in ids:
+                    return None
+                start = ids.index(after) + 1
+            chosen = mine[start:start + limit]
+            shape = bs.openai_batch if flavor == "openai" else bs.anthropic_batch
+            data = [shape(batch_fields(b, self._view(b))) for b in chosen]
+            return data, start + limit < len(mine)
+
     def cancel(self, flavor: Flavor, batch_id: str) -> dict[str, Any] | None:
         with self._lock:
             batch = self._batches.get(batch_id)

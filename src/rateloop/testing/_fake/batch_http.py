@@ -4,11 +4,17 @@ Routes (``{id}`` is the object's id):
 
 - ``POST /v1/files`` (multipart: ``purpose=batch`` and a JSONL ``file``),
   ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``
-- ``POST /v1/batches`` (``{input_file_id, endpoint, completion_window}``),
-  ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``
+- ``POST /v1/batches`` (``{input_file_id, endpoint, completion_window, metadata}``),
+  ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``,
+  ``GET /v1/batches?limit=&after=`` (newest first, with ``metadata``)
 - ``POST /v1/messages/batches`` (``{requests: [{custom_id, params}]}``),
   ``GET /v1/messages/batches/{id}``, ``GET /v1/messages/batches/{id}/results``
-  (JSONL), ``POST /v1/messages/batches/{id}/cancel``
+  (JSONL), ``POST /v1/messages/batches/{id}/cancel``,
+  ``GET /v1/messages/batches?limit=&after_id=`` (newest first)
+
+A list answers a page of at most ``limit`` (1 to 100, 20 by default)
+batches, newest first, after the one named by ``after`` / ``after_id``, with
+``has_more``, ``first_id`` and ``last_id``, as both APIs do.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from collections.abc import Mapping
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
+from urllib.parse import parse_qs
 
 from rateloop.testing._fake import batch_shapes as bs
-from rateloop.testing._fake.batch import Batches
+from rateloop.testing._fake.batch import Batches, Flavor
 
 __all__ = ["Answer", "route"]
 
@@ -53,7 +60,8 @@ def _form(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]
 
 
 def _openai(batches: Batches, method: str, kind: str, ident: str | None, action: str | None,
-            headers: Mapping[str, str], body: bytes) -> Answer | None:
+            headers: Mapping[str, str], body: bytes,
+            query: Mapping[str, list[str]]) -> Answer | None:
     if kind == "files":
         if method == "POST" and ident is None:
             try:
@@ -74,12 +82,11 @@ def _openai(batches: Batches, method: str, kind: str, ident: str | None, action:
             meta, content = stored
             return (200, "application/octet-stream", content) if action else _json(200, meta)
         return None
+    if method == "GET" and ident is None and action is None:
+        return _page(batches, "openai", query, "after")
     if method == "POST" and ident is None and action is None:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, Mapping):
+        data = _object(body)
+        if data is None:
             return _json(400, bs.openai_error("invalid request: the body must be a JSON object"))
         return _json(*batches.create_openai(data))
     if ident is not None and (method, action) in (("GET", None), ("POST", "cancel")):
@@ -91,14 +98,44 @@ def _openai(batches: Batches, method: str, kind: str, ident: str | None, action:
     return None
 
 
+def _object(body: bytes) -> Mapping[str, Any] | None:
+    """The request's JSON object (an empty body is ``{}``); None when it is not one."""
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return None
+    return data if isinstance(data, Mapping) else None
+
+
+def _page(batches: Batches, flavor: Flavor, query: Mapping[str, list[str]],
+          cursor: str) -> Answer:
+    """A page of the list of batches, as the provider's list endpoint answers it."""
+    error = bs.openai_error if flavor == "openai" else bs.anthropic_error
+    raw = query.get("limit", ["20"])[-1]
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        return _json(400, error(f"limit: must be an integer from 1 to 100, got {raw!r}"))
+    after = query.get(cursor, [None])[-1]
+    page = batches.page(flavor, limit=limit, after=after)
+    if page is None:
+        return _json(400, error(f"{cursor}: no batch with id {after!r}"))
+    data, more = page
+    listing: dict[str, Any] = {"data": data, "has_more": more,
+                               "first_id": data[0]["id"] if data else None,
+                               "last_id": data[-1]["id"] if data else None}
+    return _json(200, {"object": "list", **listing} if flavor == "openai" else listing)
+
+
 def _anthropic(batches: Batches, method: str, ident: str | None, action: str | None,
-               body: bytes) -> Answer | None:
+               body: bytes, query: Mapping[str, list[str]]) -> Answer | None:
+    if method == "GET" and ident is None and action is None:
+        return _page(batches, "anthropic", query, "after_id")
     if method == "POST" and ident is None and action is None:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, Mapping):
+        data = _object(body)
+        if data is None:
             return _json(400, bs.anthropic_error("the body must be a JSON object"))
         return _json(*batches.create_anthropic(data))
     if ident is None:
@@ -122,11 +159,16 @@ def _anthropic(batches: Batches, method: str, ident: str | None, action: str | N
 
 def route(batches: Batches, method: str, path: str, headers: Mapping[str, str],
           body: bytes) -> Answer | None:
-    """The answer to a batch endpoint, or ``None`` when ``path`` is not one."""
+    """The answer to a batch endpoint, or ``None`` when ``path`` is not one.
+
+    ``path`` may carry its query string (``/v1/batches?limit=5``).
+    """
+    path, _, raw_query = path.partition("?")
     path = path.rstrip("/")
+    query = parse_qs(raw_query)
     if match := _ANTHROPIC.match(path):
-        return _anthropic(batches, method, match.group(1), match.group(2), body)
+        return _anthropic(batches, method, match.group(1), match.group(2), body, query)
     if match := _OPENAI.match(path):
         return _openai(batches, method, match.group(1), match.group(2), match.group(3),
-                       headers, body)
+                       headers, body, query)
     return None
