@@ -10,9 +10,10 @@ and events and the outcome are kept by :class:`~rateloop.loop.report.CallReport`
 
 The steps of one attempt, each a sub-generator composed with ``yield from``:
 
-1. :meth:`_Run.admit` -- book or reserve the cost on the route; a booked
-   start is slept for, a refusal asks the decider (rule 8): wait, move to a
-   fallback at once, or end the call.
+1. :meth:`_Run.admit` -- book or reserve the cost on the route (or take the
+   call's ``booked`` reservation, once, on its route); a booked start is
+   slept for, a refusal asks the decider (rule 8): wait, move to a fallback
+   at once, or end the call.
 2. :meth:`_Run.attempt` -- count the attempt, call ``fn``, count SDK
    retries, classify what came back.  An interruption releases the
    reservation first.
@@ -153,6 +154,7 @@ class _Run:
             data_class=spec.data_class,
         )
         self.report = CallReport(loop, spec, self.state)
+        self.booked = spec.booked
 
     def flow(self) -> _Flow[Outcome]:
         """Attempt after attempt until the decider stops the call (the steps of the module)."""
@@ -188,7 +190,9 @@ class _Run:
         self.loop._check_limits_keys(route)
         state, report = self.state, self.report
         while True:
-            granted = yield self.booking(route)
+            granted = self.take_booked(route)
+            if granted is None:
+                granted = yield self.booking(route)
             if not isinstance(granted, Denied):
                 if (yield from self.await_start(route, granted)):
                     return granted
@@ -212,6 +216,14 @@ class _Run:
                 retry_at=report.at(step.retry_at, step.retry_in),
                 next_rung=step.next_rung,
             )
+
+    def take_booked(self, route: Route) -> Any:
+        """The call's ``booked`` reservation the first time ``route`` is admitted, else None."""
+        booked = self.booked
+        if booked is None or booked.route.scope != route.scope:
+            return None
+        self.booked = None
+        return booked
 
     def booking(self, route: Route) -> Book | Reserve:
         spec = self.spec
