@@ -160,11 +160,33 @@ class ResultLog:
         self._redis = redis.Redis.from_url(redis_url)
         self.key = f"rateloop-bench:engines:{run_id}:results"
         self.asleep_key = f"rateloop-bench:engines:{run_id}:asleep"
+        self.trace_key = f"rateloop-bench:engines:{run_id}:trace"
+        self.ready_key = f"rateloop-bench:engines:{run_id}:ready"
 
     def add_asleep(self, i: int, seconds: float) -> None:
         """A worker slept ``seconds`` inside the task of call ``i`` (any attempt)."""
         if seconds > 0:
             self._redis.hincrbyfloat(self.asleep_key, str(i), seconds)
+
+    def worker_ready(self) -> None:
+        """A worker process is up and taking work."""
+        self._redis.incr(self.ready_key)
+
+    def wait_ready(self, n: int, *, timeout: float, poll: float = 0.2) -> bool:
+        """Wait until ``n`` workers said they are ready; False when ``timeout`` passed first."""
+        stop = time.monotonic() + timeout
+        while int(self._redis.get(self.ready_key) or 0) < n:
+            if time.monotonic() >= stop:
+                return False
+            threading.Event().wait(poll)
+        return True
+
+    def trace(self, i: int, fields: dict[str, Any]) -> None:
+        """One engine attempt of call ``i``, for a benchmark's ``--trace`` breakdown."""
+        self._redis.rpush(self.trace_key, json.dumps({"i": i, **fields}))
+
+    def traces(self) -> list[dict[str, Any]]:
+        return [json.loads(v) for v in self._redis.lrange(self.trace_key, 0, -1)]
 
     def record(self, i: int, status: str, *, attempts: int = 1) -> None:
         """Call ``i`` ended (the first end counts: a redelivered duplicate does not overwrite)."""
@@ -188,7 +210,7 @@ class ResultLog:
         return sorted(out, key=lambda r: r.i)
 
     def clear(self) -> None:
-        self._redis.delete(self.key, self.asleep_key)
+        self._redis.delete(self.key, self.asleep_key, self.trace_key, self.ready_key)
 
 
 def summarize(name: str, workload: Workload, provider: Provider,

@@ -8,6 +8,7 @@ mode) starts its own: no persistence, bound to 127.0.0.1, stopped after.
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 # A cluster node also listens on its port + 10000, so redis-server refuses ports above this.
 _MAX_CLUSTER_PORT = 55535
@@ -80,3 +82,77 @@ def redis_server(*extra: str, port: int | None = None) -> Iterator[int]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free and valid too (<= 65535)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, 55_000)
+        if all(_free(p) for p in (port, port + 10_000)):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def redis_cluster(masters: int = 3, *extra: str) -> Iterator[list[int]]:
+    """A Redis Cluster of ``masters`` nodes (no replicas) on free ports; yields the ports.
+
+    Every node is stopped when the block ends, whatever happened in it.
+    """
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed")
+    ports: list[int] = []
+    while len(ports) < masters:
+        port = cluster_port()
+        if all(abs(port - p) not in (0, 10_000) for p in ports):
+            ports.append(port)
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            stack.enter_context(
+                redis_server(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    *extra,
+                    port=port,
+                )
+            )
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while True:  # until every node agrees the cluster is up
+            states = []
+            for p in ports:
+                with redis.Redis(port=p, decode_responses=True) as node:
+                    states.append(node.cluster("info"))
+            if all(s.get("cluster_state") == "ok" for s in states):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up: {states}")
+            time.sleep(0.1)  # waiting for servers to converge, not for limiter time
+        yield ports

@@ -136,6 +136,26 @@ def test_redis_a_refusal_in_one_process_voids_the_others_bookings(
     assert [r.stale for r in booked] == [False, True, True, False]
 
 
+@pytest.mark.redis
+def test_redis_a_booking_carried_to_another_process_is_voided_there(
+    redis_limiter_pair: tuple[Limiter, Limiter],
+) -> None:
+    # A books two starts and hands them to process B (an engine attempt handing back to its
+    # booked start); B checks them with Limiter.voided, by their start in Redis time.
+    a, b = redis_limiter_pair
+    for limiter in (a, b):
+        limiter.set_limits(MODEL, PACED[MODEL])
+    booked = [a.try_reserve(ROUTE, Cost(), book_within=5) for _ in range(4)]
+    starts = [r.granted_at + r.starts_in for r in booked]
+    assert not any(b.voided(ROUTE, start) for start in starts)
+    a.observe(MODEL, refusal(0.12))  # A is refused: nothing before 0.12 s from now
+    assert not b.voided(ROUTE, starts[1])  # B has not heard of it yet: no round trip spent
+    assert not b.try_reserve(ROUTE, Cost())  # B's next admission brings it
+    assert [b.voided(ROUTE, start) for start in starts] == [True, True, True, False]
+    other = Route(provider="openai", model="other-model")
+    assert not b.voided(other, starts[1])  # another scope's refusal voids nothing
+
+
 def test_redis_a_pause_reaches_the_other_process_with_its_next_settle(
     redis_limiter_pair: tuple[Limiter, Limiter],
 ) -> None:

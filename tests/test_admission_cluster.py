@@ -7,88 +7,22 @@ script an admission runs touches a single slot: it works on a cluster.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from _redis_server import redis_server
+from _redis_server import redis_cluster
 from rateloop.admission import LimitSpec
 from rateloop.admission.limiter import Limiter
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.route import Cost, Route
 
 
-def cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free and valid too (<= 65535)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20_000, 55_000)
-        if all(_free(p) for p in (port, port + 10_000)):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def cluster_url() -> Iterator[str]:
-    if shutil.which("redis-cli") is None:
-        pytest.skip("redis-cli is not installed")
-    ports: list[int] = []
-    while len(ports) < 3:
-        port = cluster_port()
-        if all(abs(port - p) not in (0, 10_000) for p in ports):
-            ports.append(port)
-    with contextlib.ExitStack() as stack:
-        for port in ports:
-            stack.enter_context(
-                redis_server(
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "2000",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    port=port,
-                )
-            )
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{p}" for p in ports),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while True:  # until every node agrees the cluster is up
-            states = [redis.Redis(port=p, decode_responses=True).cluster("info") for p in ports]
-            if all(s.get("cluster_state") == "ok" for s in states):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster did not come up: {states}")
-            time.sleep(0.1)  # waiting for servers to converge, not for limiter time
+    with redis_cluster(3) as ports:
         yield f"redis+cluster://127.0.0.1:{ports[0]}/0"
 
 
@@ -147,5 +81,77 @@ def test_admission_settle_pause_and_learning_on_a_cluster(cluster_url: str) -> N
         slots = {client.keyslot(k) for k in keys if "{openai:gpt-5}" in k}
         assert len(slots) == 1 and len(keys) >= 4
         client.close()
+    finally:
+        limiter.close()
+
+
+def test_admission_follows_a_slot_moved_to_another_node(cluster_url: str) -> None:
+    """The limiter sends each script to the node its slot map names; a slot resharded
+    since (``MOVED``) is followed, the map refreshed, and the scope's state moves with it.
+    """
+    route = Route(provider="moved", model="m", project="p")
+    limiter = Limiter.from_url(
+        cluster_url,
+        prefix="rl-moved:",
+        limits={"moved:m": LimitSpec(requests_per_minute=60, burst=1.0)},  # 60 at once
+    )
+    client = RedisCluster.from_url(cluster_url.replace("+cluster", ""), decode_responses=True)
+    try:
+        granted = sum(
+            isinstance(limiter.try_reserve(route, Cost()), Reservation) for _ in range(25)
+        )
+        assert granted == 25
+        slot = client.keyslot("{moved:m}")
+        owner = client.get_node_from_key("{moved:m}")
+        target = next(n for n in client.get_primaries() if n.name != owner.name)
+        src, dst = (
+            redis.Redis(host=n.host, port=n.port, decode_responses=True) for n in (owner, target)
+        )
+        src_id, dst_id = src.execute_command("CLUSTER MYID"), dst.execute_command("CLUSTER MYID")
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+        assert keys  # the scope's state (and history) is there
+        src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
+        for node in client.get_primaries():
+            with redis.Redis(host=node.host, port=node.port) as each:
+                each.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+        src.close()
+        dst.close()
+        # The limiter's map still names the old owner: it answers MOVED, and the call
+        # goes to the new one, where the bucket holds the 25 already admitted.
+        more = sum(isinstance(limiter.try_reserve(route, Cost()), Reservation) for _ in range(50))
+        assert more == 35
+    finally:
+        client.close()
+        limiter.close()
+
+
+def test_a_cluster_admission_goes_straight_to_its_node(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the slot map current, a script is sent packed on its node's connection:
+    redis-py's cluster client (its routing, per-call packing) is not in the way."""
+    route = Route(provider="straight", model="m", project="p", tenant="t")
+    limiter = Limiter.from_url(
+        cluster_url,
+        prefix="rl-straight:",
+        limits={"straight:m:p:t": LimitSpec(requests_per_minute=6_000, concurrency=50)},
+    )
+    routed: list[object] = []
+    through = RedisCluster.evalsha
+
+    def spy(self: RedisCluster, *args: object, **kwargs: object) -> object:
+        routed.append(args)
+        return through(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RedisCluster, "evalsha", spy)
+    try:
+        held = [limiter.try_reserve(route, Cost(input_tokens=10)) for _ in range(20)]
+        assert all(isinstance(r, Reservation) for r in held)
+        for r in held:
+            assert isinstance(r, Reservation)
+            r.settle(5, 0)
+        assert routed == []
     finally:
         limiter.close()

@@ -151,6 +151,23 @@ def test_degraded_returns_the_value_marked_degraded() -> None:
     assert (result.state, result.result) == ("SUCCESS", "from gpt-4o-mini")
     (_, decided), = eager.verdicts
     assert isinstance(decided, Finish) and decided.degraded
+    # marked=True: the caller's .get() sees the mark, not only the hook
+    marked = eager.task(ask, call_options={"fallbacks": [FALLBACK]}, marked=True,
+                        name="ask-marked").apply()
+    assert marked.state == "SUCCESS"
+    assert marked.result["value"] == "from gpt-4o-mini" and marked.result["degraded"] is True
+    assert marked.result["model"] == "gpt-4o-mini" and marked.result["reason"]
+
+
+def test_marked_completed_says_not_degraded() -> None:
+    eager = Eager(Policy())
+
+    def hello(route: Route) -> str:
+        return "hi"
+
+    result = eager.task(hello, marked=True).apply()
+    assert result.result == {"value": "hi", "degraded": False, "model": ROUTE.model,
+                             "reason": result.result["reason"]}
 
 
 def test_task_gave_up_is_rebuilt_from_its_arguments() -> None:
@@ -170,6 +187,7 @@ def test_task_gave_up_is_rebuilt_from_its_arguments() -> None:
     ({"route": ROUTE, "autoretry_for": (Exception,)}, "autoretry_for=.*on top"),
     ({"route": ROUTE, "idempotent": False}, "write_keys='redis://"),
     ({"route": ROUTE, "loop": object()}, "loop must be a rateloop.RateLoop"),
+    ({"route": ROUTE, "marked": "yes"}, "marked must be True or False"),
 ])
 def test_bad_arguments_are_refused_naming_the_value(kwargs: dict[str, Any], match: str) -> None:
     app = Celery("bad", broker="memory://")

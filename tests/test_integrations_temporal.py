@@ -24,7 +24,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from rateloop import AsyncRateLoop, Policy, RateLoop, Route
+from rateloop import AsyncRateLoop, Cost, Policy, RateLoop, Route
+from rateloop.admission import Limiter, LimitSpec
 from rateloop.integrations._engine import RetryLater
 from rateloop.integrations.temporal import (
     ERROR_TYPES,
@@ -320,3 +321,133 @@ def test_no_server_is_one_fast_error_naming_what_to_start() -> None:
 def test_connect_names_a_bad_address() -> None:
     with pytest.raises(ValueError, match=r"target_host must be 'host:port'.*'localhost'"):
         asyncio.run(connect("localhost"))
+
+
+# --- handing back to a booked start ------------------------------------------------------
+
+
+def paced_loop(clock: FakeClock, **spec: Any) -> tuple[RateLoop, Limiter]:
+    """A loop on a limiter of one request a second (no burst), pause limit 5 s."""
+    limiter = Limiter(limits={ROUTE.scope: LimitSpec(requests_per_minute=60, burst=1 / 60,
+                                                     **spec)}, clock=clock)
+    return RateLoop(Policy.from_dict({"pause_limit_secs": 5}), limiter=limiter, clock=clock,
+                    sinks=[]), limiter
+
+
+def queue_others(limiter: Limiter, n: int) -> list[float]:
+    """Other workers book ``n`` starts on the scope: the queue grows by n seconds."""
+    return [limiter.try_reserve(ROUTE, Cost(), book_within=3600).starts_in  # type: ignore[union-attr]
+            for _ in range(n)]
+
+
+def test_a_call_queued_past_the_pause_limit_returns_to_its_booked_start(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    loop, limiter = paced_loop(clock)
+    queue_others(limiter, 10)  # starts 0..9 s are taken: 10 s of queue ahead
+    provider = Script("hello")
+    reports: list[ActivityReport] = []
+    with pytest.raises(ApplicationError) as caught:
+        run(env, lambda: activity_call(loop, provider, route=ROUTE, on_report=reports.append))
+    # Booked the next free start (10 s) and handed back to 1 s before it, sleeping nothing.
+    assert reports[0].booked_in == pytest.approx(10.0)
+    assert caught.value.next_retry_delay == timedelta(seconds=9)
+    assert clock.sleeps == [] and provider.calls == []
+    beat = env.beats[-1][0]  # type: ignore[attr-defined]
+    assert beat["rateloop_booking"]["scope"] == ROUTE.scope
+    # Meanwhile the other workers queue 20 more calls behind it.
+    assert queue_others(limiter, 20)[0] == pytest.approx(11.0)
+    clock.advance(9.0)
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[beat])
+    reports.clear()
+    assert run(env, lambda: activity_call(loop, provider, route=ROUTE,
+                                          on_report=reports.append)) == "hello"
+    # The returning attempt took its start: it slept the 1 s lead, not the 20 s queue.
+    assert reports[0].took_booking and len(provider.calls) == 1
+    assert sum(clock.sleeps) == pytest.approx(1.0, abs=0.01)
+    # And its start stayed its own: the next free one is still after the 30 queued.
+    assert queue_others(limiter, 1) == [pytest.approx(31.0 - 10.0, abs=0.01)]
+
+
+def test_the_async_twin_books_and_takes_the_start_the_same(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    limiter = paced_loop(clock)[1]
+    loop = AsyncRateLoop(Policy.from_dict({"pause_limit_secs": 5}), limiter=limiter,
+                         clock=clock, sinks=[])
+    queue_others(limiter, 10)
+    reports: list[ActivityReport] = []
+
+    async def hello(route: Route) -> str:
+        return "hello"
+
+    async def body() -> Any:
+        return await aactivity_call(loop, hello, route=ROUTE, on_report=reports.append)
+
+    with pytest.raises(ApplicationError) as caught:
+        run(env, body)
+    assert caught.value.next_retry_delay == timedelta(seconds=9)
+    queue_others(limiter, 20)
+    clock.advance(9.0)
+    env.info = dataclasses.replace(env.info, attempt=2,
+                                   heartbeat_details=list(env.beats[-1]))  # type: ignore[attr-defined]
+    assert run(env, body) == "hello"
+    assert reports[-1].took_booking and sum(clock.sleeps) == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_start_too_late_or_too_early_is_not_taken(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    loop, limiter = paced_loop(clock)
+    queue_others(limiter, 10)
+    with pytest.raises(ApplicationError):
+        run(env, lambda: activity_call(loop, Script("hello"), route=ROUTE))
+    beat = env.beats[-1][0]  # type: ignore[attr-defined]
+    reports: list[ActivityReport] = []
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[beat])
+    # Back 7 s after the start (late by more than the pause limit): later starts are due,
+    # so the attempt admits afresh (and queues behind them).
+    clock.advance(17.0)
+    queue_others(limiter, 10)
+    with pytest.raises(ApplicationError):
+        run(env, lambda: activity_call(loop, Script("hello"), route=ROUTE,
+                                       on_report=reports.append))
+    assert not reports[-1].took_booking
+    # A start on another scope is another call's: not taken either.
+    other = {"rateloop_booking": {**beat["rateloop_booking"], "scope": "openai:gpt-4o"}}
+    env.info = dataclasses.replace(env.info, heartbeat_details=[other])
+    with pytest.raises(ApplicationError):
+        run(env, lambda: activity_call(loop, Script("hello"), route=ROUTE,
+                                       on_report=reports.append))
+    assert not reports[-1].took_booking
+
+
+def test_a_scope_with_a_concurrency_limit_is_not_booked_ahead(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    loop, limiter = paced_loop(clock, concurrency=50)
+    queue_others(limiter, 10)
+    reports: list[ActivityReport] = []
+    with pytest.raises(ApplicationError) as caught:
+        run(env, lambda: activity_call(loop, Script("hello"), route=ROUTE,
+                                       on_report=reports.append))
+    # A booking would hold its lease across the hand-back: plain hand-back, nothing carried.
+    assert reports[0].booked_in is None
+    assert "rateloop_booking" not in env.beats[-1][0]  # type: ignore[attr-defined]
+    assert not caught.value.non_retryable
+
+
+def test_a_refusal_since_the_booking_voids_the_carried_start(
+        env: ActivityEnvironment, clock: FakeClock) -> None:
+    loop, limiter = paced_loop(clock)
+    queue_others(limiter, 10)
+    provider = Script("hello")
+    with pytest.raises(ApplicationError):
+        run(env, lambda: activity_call(loop, provider, route=ROUTE))
+    beat = env.beats[-1][0]  # type: ignore[attr-defined]
+    clock.advance(9.0)
+    # The provider refused a call meanwhile and asked for 30 s: the start at 10 s would be
+    # refused too (and spend a slot there), so the returning attempt admits afresh.
+    limiter.pause(ROUTE.scope, 30.0, "temporary")
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[beat])
+    reports: list[ActivityReport] = []
+    with pytest.raises(ApplicationError) as caught:
+        run(env, lambda: activity_call(loop, provider, route=ROUTE, on_report=reports.append))
+    assert reports[0].took_booking and provider.calls == []
+    assert caught.value.type == "rateloop.waiting_for_capacity"

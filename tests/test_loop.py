@@ -613,7 +613,7 @@ def test_degraded_reason_names_what_happened(run: Runner) -> None:
 
 
 def test_an_unknown_call_option_is_named(clock: FakeClock) -> None:
-    with pytest.raises(TypeError, match=r"unknown call option\(s\) retries; allowed: cost"):
+    with pytest.raises(TypeError, match=r"unknown call option\(s\) retries; allowed: booked, cost"):
         RateLoop(policy(), clock=clock).call(lambda r: "x", route=A, retries=3)  # type: ignore[call-arg]
 
 

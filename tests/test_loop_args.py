@@ -100,3 +100,15 @@ def test_a_limits_key_no_call_uses_warns_once(twin: Any) -> None:
     result = quiet.call(FaultScript(["x"]), route=Route(provider="openai", model="gpt-4o"))
     out = asyncio.run(result) if asyncio.iscoroutine(result) else result
     assert out.ok  # a matching route: no warning (filterwarnings = error would raise)
+
+
+
+def test_a_key_that_limits_no_call_is_not_warned_of(twin: Any) -> None:
+    # Batch queues' enqueued tokens are held by batch steps, never by a call: such keys
+    # match no call's route, and are not mistyped keys.
+    limiter = Limiter(limits={"openai:gpt-4o~batch:p": LimitSpec(enqueued_tokens=1_000_000),
+                              "openai:gpt-4o:p:batch": LimitSpec(enqueued_tokens=1_000_000)},
+                      clock=FakeClock())
+    result = twin(clock=FakeClock(), sinks=[], limiter=limiter).call(FaultScript(["x"]), route=A)
+    out = asyncio.run(result) if asyncio.iscoroutine(result) else result
+    assert out.ok  # no LimitsWarning (filterwarnings = error would raise it)

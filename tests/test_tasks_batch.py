@@ -279,3 +279,24 @@ def test_progress_round_trips_through_the_checkpoint_and_bad_items_are_named(
         BatchSettings(first_poll_secs=-1)
     assert "sk-fake" not in repr(step) and "sk-fake" not in repr(bench.provider("anthropic"))
     json.dumps(step.queue_scope)
+
+
+@pytest.mark.parametrize("flavor", ["openai", "anthropic"])
+@on(delay=20 * 3600)
+def test_a_batch_that_takes_most_of_its_window_completes_on_the_default_settings(
+    bench: Bench, flavor: str
+) -> None:
+    """Polling a batch is not a retry: ~47 polls of a 20-hour batch on the default backoff
+    (60 s doubling to 30 min) must not spend the task's retry budget (20 by default)."""
+    body = openai_body if flavor == "openai" else anthropic_body
+    t = task("slow-digest", into=bench.tasks)
+    t.step("batch")(BatchStep(provider=bench.provider(flavor), route=ROUTE, queue=bench.queue,
+                              clock=bench.clock, items=lambda ctx: ctx.args["items"]))
+    bench.runner.submit("slow-digest", {"items": {"a": body()}}, task_id="t1",
+                        priority="background")
+    done = bench.run(max_wakes=200)[0]
+    assert done.state.value == "completed", done.checkpoint
+    assert done.result["status"] == {"a": "succeeded"}
+    ledger = done.checkpoint.attempts_used
+    assert ledger.wakes > 20  # every poll is a wake, counted, and none spent the budget
+    assert done.checkpoint.retry_budget_remaining == 20

@@ -188,7 +188,7 @@ def tightened(o: Observed) -> tuple[Dimension, ...]:
 
 
 class Learned:
-    """The learned limits of one limiter, and when each route reads the backend's again.
+    """The learned limits of one limiter, and when each provider scope reads the backend's again.
 
     ``configured(scope)`` tells whether a scope has configured limits: nothing
     is learned as limits on a path that has some, but what the provider states
@@ -206,7 +206,7 @@ class Learned:
         self.stated: dict[str, dict[str, int]] = {}
         #: scope -> the largest capacity estimate seen (a fraction of a minute)
         self.capacities: dict[str, float] = {}
-        self._due: dict[Route, float] = {}
+        self._due: dict[str, float] = {}  # provider scope -> when its next read is due
 
     def get(self, scope: str) -> LimitSpec | None:
         return self.specs.get(scope)
@@ -299,17 +299,23 @@ class Learned:
         """The read of the backend's learned values for ``route``, when one is due.
 
         Only for a shared backend, at most once per :data:`REFRESH_SECONDS`
-        per route; the limiter asks only for a route that can learn something
-        (no configured limits, or a configured scope without ``burst``).
+        per *provider scope* (``Route.provider_scope``): the provider learns
+        and states limits for a project, every tenant included, so the
+        tenants of a project share one read a second -- 100k tenants that
+        each call now and then would otherwise pay a second round trip on
+        nearly every admission.  The read is of the calling route's scopes.
+        The limiter asks only for a route that can learn something (no
+        configured limits, or a configured scope without ``burst``).
         """
         if not self._shared:
             return None
-        due = self._due.get(route)
+        key = route.provider_scope
+        due = self._due.get(key)
         if due is not None and now < due:
             return None
         if len(self._due) >= 4096:
             self._due.clear()
-        self._due[route] = now + REFRESH_SECONDS
+        self._due[key] = now + REFRESH_SECONDS
         return LearnedOp(scopes=route.scopes)
 
     def forget_schedule(self) -> None:

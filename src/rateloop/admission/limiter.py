@@ -333,6 +333,15 @@ class Limiter:
             )
         return self._clock.monotonic() + float(deadline)
 
+    def voided(self, route: Route, start: float) -> bool:
+        """Has a refusal this process knows of voided a start booked on ``route`` at ``start``?
+
+        ``start`` is in the backend's time: a booking's ``granted_at + starts_in``.  What
+        :attr:`Reservation.stale` checks, for a booking carried to another process (an engine
+        attempt that hands back to a booked start); no round trip.
+        """
+        return self._admissions.refused_before(route.scopes, start, False)
+
     def pause(self, scope: str, until: datetime | float, reason: str) -> None:
         """Pause ``scope`` (and every narrower scope) for every worker until ``until``.
 

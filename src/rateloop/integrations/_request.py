@@ -18,6 +18,10 @@ method, URL, headers and the JSON body — and returns a :class:`RequestPlan`:
 5. whether the call is a **model call** (idempotent: running it again is
    safe) or another POST, which follows the loop's unknown-outcome rule.
 
+:func:`body_at_tier` is the other way round: the body an attempt sends at its
+route's service tier, when the degrade ladder moved it (OpenAI's
+``service_tier``).
+
 Pure: no I/O, no clock.
 """
 
@@ -34,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from rateloop.classify._evidence import iter_strings
 from rateloop.route import Cost, Route
 
-__all__ = ["RequestPlan", "estimate_tokens", "key_fingerprint", "read_request"]
+__all__ = ["RequestPlan", "body_at_tier", "estimate_tokens", "key_fingerprint", "read_request"]
 
 _HOSTS = {
     "api.openai.com": "openai",
@@ -243,3 +247,36 @@ def read_request(
         model_call=model_call,
         stream=stream,
     )
+
+
+def body_at_tier(content: bytes, provider: str, tier: str) -> bytes | None:
+    """An OpenAI model call's body for an attempt at ``tier``; None when it goes as it is.
+
+    The flex rung sets ``"service_tier": "flex"``; a body that asked for flex
+    and is moved to the standard tier asks for ``"default"`` (the standard
+    tier by name, never the project's own default, which may be another tier).
+    Other providers, and bodies that are not a JSON object, are never changed.
+
+    >>> body_at_tier(b'{"model": "gpt-5"}', "openai", "flex")
+    b'{"model": "gpt-5", "service_tier": "flex"}'
+    >>> body_at_tier(b'{"model": "gpt-5", "service_tier": "flex"}', "openai", "standard")
+    b'{"model": "gpt-5", "service_tier": "default"}'
+    >>> body_at_tier(b'{"model": "gpt-5"}', "openai", "standard") is None
+    True
+    """
+    if provider != "openai" or content[:1] not in (b"{", b" ", b"\n"):
+        return None
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    asked = body.get("service_tier")
+    if tier == "flex" and asked != "flex":
+        body["service_tier"] = "flex"
+    elif tier == "standard" and asked == "flex":
+        body["service_tier"] = "default"
+    else:
+        return None
+    return json.dumps(body).encode()

@@ -53,7 +53,7 @@ from rateloop.integrations._body import (
     signal_of_error_text,
 )
 from rateloop.integrations._probe import FirstContact
-from rateloop.integrations._request import RequestPlan, read_request
+from rateloop.integrations._request import RequestPlan, body_at_tier, read_request
 from rateloop.integrations._stream import (
     AsyncStreamBody,
     StreamHold,
@@ -160,10 +160,21 @@ class _Attempt:
         self.stream: StreamHold | None = None
         # The client's own timeouts: each attempt starts from them (limit_reads narrows a copy).
         self._timeouts = request.extensions.get("timeout")
+        self._content: bytes = request.content  # as the client wrote it (read by the owner)
 
-    def restore_timeouts(self) -> None:
+    def prepare(self, route: Route) -> None:
+        """Start an attempt from the client's timeouts and its body at ``route``'s tier."""
         if self._timeouts is not None:
             self.request.extensions["timeout"] = self._timeouts
+        if not self.plan.model_call:
+            return
+        # The ladder moves a call between service tiers: the request body says which.
+        content = body_at_tier(self._content, route.provider, route.tier) or self._content
+        if content != self.request.content:
+            old = self.request
+            headers = [(k, v) for k, v in old.headers.multi_items() if k != "content-length"]
+            self.request = self.owner.hx.Request(old.method, old.url, headers=headers,
+                                                 content=content, extensions=old.extensions)
 
     def sent(self, response: Any) -> bool:
         """Record a response with its headers; True when its body is a stream to hand over."""
@@ -247,7 +258,7 @@ class _Attempt:
 class _SyncAttempt(_Attempt):
     def __call__(self, route: Route) -> Any:
         owner = self.owner
-        self.restore_timeouts()
+        self.prepare(route)
         try:
             response = owner.inner.handle_request(self.request)
         except Exception as exc:
@@ -274,7 +285,7 @@ class _AsyncAttempt(_Attempt):
         import anyio
 
         owner = self.owner
-        self.restore_timeouts()
+        self.prepare(route)
         try:
             response = await owner.inner.handle_async_request(self.request)
         except Exception as exc:

@@ -7,7 +7,8 @@ policy's ``[admission]`` backend), and its :class:`~rateloop.Outcome` becomes wh
 next, through the one engine mapping (:func:`rateloop.integrations._engine.verdict`):
 
 - ``completed`` / ``degraded`` → the task returns the value (``degraded`` is logged and passed
-  to ``on_outcome`` as such);
+  to ``on_outcome`` as such); with ``marked=True`` it returns
+  ``{"value", "degraded", "model", "reason"}`` so the caller's ``.get()`` sees the mark;
 - ``waiting_for_reset`` / ``waiting_for_capacity`` → ``self.retry(countdown=...)`` until the
   outcome's ``retry_at``: the message goes back to the broker and the worker slot is free.
   Waits within the policy's ``pause_limit_secs`` are slept inside the task;
@@ -128,7 +129,8 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
     default: the policy's ``[admission]`` backend), ``loop`` (a RateLoop to use instead),
     ``call_options`` (``cost``, ``fallbacks``, ``operation``, ``priority``, ``deadline``,
     ``data_class``), ``idempotent``, ``outcome_check(ctx, route)``, ``write_keys`` (a Redis URL
-    or a :class:`WriteKeys`) and ``on_outcome(task, verdict)``, called after each delivery.
+    or a :class:`WriteKeys`), ``on_outcome(task, verdict)``, called after each delivery, and
+    ``marked`` (return ``{"value", "degraded", "model", "reason"}`` instead of the value).
     """
 
     acks_late = True
@@ -144,6 +146,7 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
     outcome_check: Callable[[StepContext, Route], Any] | None = None
     write_keys: str | WriteKeys | None = None
     on_outcome: Callable[[Any, EngineVerdict], None] | None = None
+    marked: bool = False
 
     _build_lock = threading.Lock()
 
@@ -243,6 +246,11 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
                 if degraded:
                     logger.info("%s[%s] finished degraded (on an approved fallback)",
                                 self.name, self.request.id)
+                if settings.marked:
+                    done = decided.outcome
+                    return {"value": value, "degraded": degraded,
+                            "model": done.route.model if done.route is not None else None,
+                            "reason": done.reason}
                 return value
             case RetryLater(delay_secs=delay, status=status):
                 logger.info("%s[%s] %s: retry in %.1f s", self.name, self.request.id, status,
@@ -271,7 +279,7 @@ class RateLoopTask(Task):  # type: ignore[misc]  # celery is untyped
                 route=self.route, policy=self.policy, loop=self.loop,
                 idempotent=self.idempotent, outcome_check=class_hook(cls, "outcome_check"),
                 write_keys=self.write_keys, on_outcome=class_hook(cls, "on_outcome"),
-                options=self.call_options)
+                options=self.call_options, marked=self.marked)
             loop = self.loop
             if loop is None:
                 limiter = class_hook(cls, "limiter")
@@ -317,6 +325,7 @@ def rateloop_task(
     write_keys: str | WriteKeys | None = None,
     on_outcome: Callable[[Any, EngineVerdict], None] | None = None,
     call_options: Mapping[str, Any] | None = None,
+    marked: bool = False,
     **celery_options: Any,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Decorate ``fn(route, *args, **kwargs)`` into a :class:`RateLoopTask` of ``app``.
@@ -330,7 +339,7 @@ def rateloop_task(
             raise TypeError(f"rateloop_task does not take {name}=: {why}")
     settings = check_settings(route=route, policy=policy, loop=loop, idempotent=idempotent,
                          outcome_check=outcome_check, write_keys=write_keys,
-                         on_outcome=on_outcome, options=call_options or {})
+                         on_outcome=on_outcome, options=call_options or {}, marked=marked)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         if not callable(fn):
@@ -339,7 +348,8 @@ def rateloop_task(
             base=RateLoopTask, route=settings.route, policy=settings.policy, limiter=limiter,
             loop=loop, idempotent=idempotent, outcome_check=outcome_check,
             write_keys=settings.write_keys, on_outcome=on_outcome,
-            call_options=settings.options, max_retries=settings.policy.max_attempts,
+            call_options=settings.options, marked=settings.marked,
+            max_retries=settings.policy.max_attempts,
             **celery_options,
         )(fn)
 

@@ -100,6 +100,7 @@ class CallOptions(TypedDict, total=False):
     priority: Priority | str
     data_class: str | None
     task_id: str | None
+    booked: Any
 
 
 _OPTION_NAMES = frozenset(CallOptions.__annotations__)
@@ -121,6 +122,9 @@ class CallSpec:
     priority: Priority
     data_class: str | None
     task_id: str | None
+    #: A reservation granted before the call (a start an earlier engine attempt booked):
+    #: the first admission on its route takes it instead of asking the limiter.
+    booked: Any = None
 
 
 def _name(value: object) -> str:
@@ -280,6 +284,11 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
             f"deadline must be an aware datetime or seconds from now, got {deadline!r}"
         )
     key = options.get("idempotency_key")
+    booked = options.get("booked")
+    if booked is not None and not isinstance(getattr(booked, "route", None), Route):
+        raise TypeError(
+            f"booked must be a reservation (with its .route), got {_name(booked)} {booked!r}"
+        )
     return CallSpec(
         route=route,
         fallbacks=_fallbacks(options.get("fallbacks"), policy.fallback.routes),
@@ -292,6 +301,7 @@ def call_spec(policy: Policy, clock: Clock, route: object, options: Mapping[str,
         priority=Priority(priority),
         data_class=options.get("data_class"),
         task_id=options.get("task_id"),
+        booked=booked,
     )
 
 

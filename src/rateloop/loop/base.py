@@ -270,12 +270,15 @@ class _LoopConfig:
         if used is None:
             return
         limits = getattr(self.limiter, "limits", None)
-        if not isinstance(limits, Mapping) or not limits:
+        # A key that limits no call (a batch queue's enqueued_tokens alone) is not checked.
+        keys = {k for k, spec in limits.items() if not getattr(spec, "empty", False)} if (
+            isinstance(limits, Mapping)) else set()
+        if not keys:
             self._limits_used = None
             return
-        matched = [s for s in route.scopes if s in limits]
+        matched = [s for s in route.scopes if s in keys]
         used.update(matched)
-        unused = sorted(set(limits) - used)
+        unused = sorted(keys - used)
         if not unused:
             self._limits_used = None  # every key has served a call: nothing left to check
         elif not matched:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from rateloop.admission.profile import reports_tokens
+from rateloop.admission.profile import profile_for, reports_tokens, usage_charge
 from rateloop.loop.sdk_count import sdk_retries_taken
 from rateloop.route import TIERS, Cost, Route
 from rateloop.signal import Kind, LimitSignal
@@ -60,6 +60,7 @@ __all__ = [
     "pause_until",
     "result_error",
     "sdk_retries",
+    "served_cost_usd",
     "usage_of",
 ]
 
@@ -211,6 +212,25 @@ def sdk_retries(result: Returned | Raised) -> int:
         return result.requests - 1
     target = result.error if isinstance(result, Raised) else result.value
     return sdk_retries_taken(target)
+
+
+def served_cost_usd(route: Route, usage: Any | None, cost: Cost, discount: float) -> float | None:
+    """What a served call cost on ``route``: the reported ``usage``, else the reserved ``cost``.
+
+    Tokens as the provider's accounting counts them (cache discounts are not
+    applied), at the route's prices less ``discount`` (its tier's).  Shared by
+    the loop and a task step served on the batch rung (:mod:`rateloop.tasks.batch_rung`).
+
+    >>> route = Route(provider="openai", model="m", input_price_per_mtok=2.0,
+    ...               output_price_per_mtok=8.0)
+    >>> served_cost_usd(route, {"prompt_tokens": 1000, "completion_tokens": 500}, Cost(), 0.5)
+    0.003
+    """
+    if usage is not None:
+        tokens = usage_charge(profile_for(route.provider), usage)
+    else:
+        tokens = (cost.input_tokens, cost.output_tokens)
+    return route.price_usd(*tokens, discount=discount)
 
 
 def usage_of(result: Returned | Raised) -> Any | None:

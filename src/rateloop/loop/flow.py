@@ -10,9 +10,10 @@ and events and the outcome are kept by :class:`~rateloop.loop.report.CallReport`
 
 The steps of one attempt, each a sub-generator composed with ``yield from``:
 
-1. :meth:`_Run.admit` -- book or reserve the cost on the route; a booked
-   start is slept for, a refusal asks the decider (rule 8): wait, move to a
-   fallback at once, or end the call.
+1. :meth:`_Run.admit` -- book or reserve the cost on the route (or take the
+   call's ``booked`` reservation, once, on its route); a booked start is
+   slept for, a refusal asks the decider (rule 8): wait, move to a fallback
+   at once, or end the call.
 2. :meth:`_Run.attempt` -- count the attempt, call ``fn``, count SDK
    retries, classify what came back.  An interruption releases the
    reservation first.
@@ -39,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.profile import profile_for, usage_charge
 from rateloop.admission.reservation import Denied
 from rateloop.loop.args import CallSpec
 from rateloop.loop.base import _LoopConfig
@@ -60,6 +60,7 @@ from rateloop.loop.effects import (
     pause_until,
     result_error,
     sdk_retries,
+    served_cost_usd,
     usage_of,
 )
 from rateloop.loop.report import CallReport
@@ -147,6 +148,7 @@ class _Run:
             data_class=spec.data_class,
         )
         self.report = CallReport(loop, spec, self.state)
+        self.booked = spec.booked
 
     def flow(self) -> _Flow[Outcome]:
         """Attempt after attempt until the decider stops the call (the steps of the module)."""
@@ -185,7 +187,9 @@ class _Run:
         self.loop._check_limits_keys(route)
         state, report = self.state, self.report
         while True:
-            granted = yield self.booking(route)
+            granted = self.take_booked(route)
+            if granted is None:
+                granted = yield self.booking(route)
             if not isinstance(granted, Denied):
                 # A start now (the common grant) has nothing to wait for.
                 if not getattr(granted, "starts_in", 0.0) > 0:
@@ -212,6 +216,14 @@ class _Run:
                 retry_at=report.at(step.retry_at, step.retry_in),
                 next_rung=step.next_rung,
             )
+
+    def take_booked(self, route: Route) -> Any:
+        """The call's ``booked`` reservation the first time ``route`` is admitted, else None."""
+        booked = self.booked
+        if booked is None or booked.route.scope != route.scope:
+            return None
+        self.booked = None
+        return booked
 
     def booking(self, route: Route) -> Book | Reserve:
         spec = self.spec
@@ -355,11 +367,9 @@ class _Run:
         Tokens as the provider's accounting counts them (cache discounts are not
         applied), at the route's prices less its tier's discount.
         """
-        if usage is not None:
-            tokens = usage_charge(profile_for(route.provider), usage)
-        else:
-            tokens = (self.spec.cost.input_tokens, self.spec.cost.output_tokens)
-        return route.price_usd(*tokens, discount=tier_discount(self.policy.ladder, route.tier))
+        return served_cost_usd(
+            route, usage, self.spec.cost, tier_discount(self.policy.ladder, route.tier)
+        )
 
     def surface_bug(self, attempted: _Attempted) -> None:
         """Re-raise an exception no classifier recognises (unless ``trigger_scope = "all"``)."""

@@ -239,7 +239,11 @@ class SQLTaskStore:
             if rec.state is TaskState.RUNNING:
                 ledger, budget = replace(ledger, redeliveries=ledger.redeliveries + 1), budget - 1
             elif rec.state.waiting:
-                ledger, budget = replace(ledger, wakes=ledger.wakes + 1), budget - 1
+                # A step that saved its progress is following work the provider is doing (a
+                # batch in flight): it wakes to look, not to try again.  The wake is counted,
+                # but only a retry spends the retry budget.
+                spend = 0 if ck.step_progress is not None else 1
+                ledger, budget = replace(ledger, wakes=ledger.wakes + 1), budget - spend
             claimed = replace(
                 rec,
                 state=TaskState.RUNNING,

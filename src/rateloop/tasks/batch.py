@@ -8,7 +8,8 @@ step's progress in the task's checkpoint (``ctx.save_progress``):
 
 1. **Submit** the items not yet settled (the first ``max_items`` that fit the
    scope's enqueued-token limit).  First hold their input tokens in the
-   batch queue's scope (``{route.scope}:batch``, a :class:`HeldCapacity`
+   batch queue's scope (``{route.scope}:batch``, or the route's own scope
+   when it is at the batch tier: ``openai:gpt-5~batch:proj``; a :class:`HeldCapacity`
    keyed by the submission): denied, the step waits; then checkpoint the
    submission *mark* — its key (``<step idempotency key>:r<round>``), the
    items, the time — and only then call the provider; then checkpoint the
@@ -107,7 +108,8 @@ class BatchStep:
     (derive it from ``ctx.args`` or earlier results); a request is the body
     of one chat completion (OpenAI) or the ``params`` of one message
     (Anthropic), or its JSON text as is.  ``route`` names the provider, model
-    and project: the held tokens go to ``{route.scope}:batch``.
+    and project: the held tokens go to ``{route.scope}:batch`` (a batch-tier route's
+    own scope, ``openai:gpt-5~batch:proj``, when ``route.tier == "batch"``).
     """
 
     def __init__(
@@ -132,7 +134,9 @@ class BatchStep:
 
     @property
     def queue_scope(self) -> str:
-        return f"{self.route.scope}:batch"
+        """Where the enqueued tokens are held: a batch-tier route's own scope
+        (``openai:gpt-5~batch:proj``), else the route's scope plus ``:batch``."""
+        return self.route.scope if self.route.tier == "batch" else f"{self.route.scope}:batch"
 
     # -- one delivery -----------------------------------------------------------------
 
@@ -254,6 +258,8 @@ class BatchStep:
             "results": {i: state.done[i] for i in items if i in state.done},
             "status": status,
             "errors": {i: state.failed[i] for i in items if i in state.failed},
+            # Still to retry when the rounds ran out (a rejected item leaves the retry list).
+            "exhausted": [i for i in items if i in state.failed and i in state.retry],
             "provider": self.provider.name,
             "batches": list(state.batches),
             "rounds": state.rounds,

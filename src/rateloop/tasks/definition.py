@@ -9,6 +9,11 @@ falls back around it.  Without one it runs as is: ``fn(ctx)`` may return an
 What a step returns is checkpointed as JSON before the next step starts and is
 handed to later steps in ``ctx.results``; return references (ids, paths), not
 prompts or secrets.
+
+A routed step may also name ``batch=`` (a
+:class:`~rateloop.tasks.batch_rung.BatchRung`): when the degrade ladder hands
+its call to the ``batch`` rung, the call goes to the provider's batch API
+instead of parking (rule 8 of :mod:`rateloop.tasks.flow`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from rateloop.outcome.record import Outcome
 from rateloop.route import Cost, Route
 
-__all__ = ["LeaseLost", "Step", "StepContext", "Task", "TaskRegistry", "registry", "task"]
+if TYPE_CHECKING:
+    from rateloop._clock import Clock
+    from rateloop.admission.limiter import Limiter
+
+__all__ = [
+    "LeaseLost",
+    "Step",
+    "StepBatch",
+    "StepContext",
+    "Task",
+    "TaskRegistry",
+    "registry",
+    "task",
+]
 
 
 class LeaseLost(RuntimeError):
@@ -62,6 +81,20 @@ class StepContext:
         self.saver(progress)
 
 
+class StepBatch(Protocol):
+    """What a step's ``batch=`` does: one delivery of its call on the ladder's batch rung.
+
+    :class:`rateloop.tasks.batch_rung.BatchRung` is the implementation; a
+    protocol here keeps the batch machinery out of a task's definition.
+    ``route`` is the batch-tier route the loop handed the call to; the runner
+    passes the step's ``cost``, the policy's batch ``discount``, whether batch
+    was not the call's first rung (``degraded``), its clock and its limiter.
+    """
+
+    def run(self, ctx: StepContext, route: Route, *, cost: Cost | None, discount: float,
+            degraded: bool, clock: Clock, limiter: Limiter | None) -> Outcome: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Step:
     """One step of a task."""
@@ -74,6 +107,7 @@ class Step:
     idempotent: bool = True
     fallbacks: tuple[Route, ...] | None = None
     outcome_check: Callable[[StepContext, Route], Any] | None = None
+    batch: StepBatch | None = None
 
     @property
     def outcome_check_ref(self) -> str | None:
@@ -114,6 +148,7 @@ class Task:
         idempotent: bool = True,
         fallbacks: Iterable[Route] | None = None,
         outcome_check: Callable[[StepContext, Route], Any] | None = None,
+        batch: StepBatch | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: append the function as the next step.
 
@@ -122,7 +157,17 @@ class Task:
         effect (see :mod:`rateloop.timing.writes`); without one it ends ``needs_operator``.
         The same check settles a write an earlier delivery started and never
         answered (its worker died) before the step runs again.
+
+        ``batch`` (a :class:`~rateloop.tasks.batch_rung.BatchRung`, for a step
+        with a ``route``) sends the call to the provider's batch API when the
+        ladder hands it to the ``batch`` rung; without it such a step parks.
         """
+        if batch is not None and route is None:
+            raise ValueError("batch= needs a route: it runs the step's call on the route's "
+                             "batch tier")
+        if batch is not None and not callable(getattr(batch, "run", None)):
+            raise TypeError(f"batch= must be a BatchRung (rateloop.tasks.batch_rung), "
+                            f"got {type(batch).__name__}")
 
         def add(fn: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or fn.__name__
@@ -133,7 +178,7 @@ class Task:
                     name=step_name, fn=fn, route=route, cost=cost, operation=operation,
                     idempotent=idempotent,
                     fallbacks=tuple(fallbacks) if fallbacks is not None else None,
-                    outcome_check=outcome_check,
+                    outcome_check=outcome_check, batch=batch,
                 )
             )
             return fn

@@ -39,6 +39,16 @@ The rules, in order:
    next delivery of the step reads it in ``ctx.progress``; completing the step
    clears it.  A long operation (a provider's batch) records what it started
    there before it can be lost, and parks with a waiting outcome between polls.
+8. A step whose call the degrade ladder hands to the batch rung (an outcome
+   ``waiting_for_capacity`` with ``next_rung == "batch"``) and that has
+   ``batch=`` goes to the provider's batch API instead of parking: the
+   checkpoint records the batch-tier route (``batch_route``), and this and
+   every later delivery of the step runs :class:`RunBatch` (submit, poll
+   once, or collect: :mod:`rateloop.tasks.batch_rung`) instead of the loop,
+   its waits parking as in rule 4, until the step ends; a step that ends
+   unsuccessfully there drops the route, so an operator's retry walks the
+   ladder again.  Without ``batch=``, and for ``next_rung == "park"``, the
+   step parks as in rule 4.
 
 Every checkpoint of a running task is also a lease check: a refused save (the
 fence moved: the lease was taken, or an operator cancelled) ends the delivery
@@ -63,6 +73,7 @@ from rateloop.timing.writes import WriteOutcome, normalize_write_outcome
 __all__ = [
     "CheckReply",
     "CheckWrite",
+    "RunBatch",
     "RunStep",
     "Save",
     "SaveAck",
@@ -82,6 +93,19 @@ class RunStep:
     deadline: datetime | None
     priority: Priority
     #: The record as it stands: a progress save (``ctx.save_progress``) writes it, fenced.
+    record: TaskRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunBatch:
+    """Run one delivery of step *i*'s call on the batch rung (``step.batch``) at ``route``.
+
+    The reply is a :class:`StepResult`, as for :class:`RunStep`."""
+
+    step: Step
+    context: StepContext
+    route: Route
+    priority: Priority
     record: TaskRecord | None = None
 
 
@@ -121,7 +145,7 @@ class CheckReply:
     error: BaseException | None
 
 
-Effect = RunStep | Save | CheckWrite
+Effect = RunStep | RunBatch | Save | CheckWrite
 Flow = Generator[Effect, Any, TaskRecord | None]
 
 _FAILED_TO_STATE = {
@@ -171,6 +195,41 @@ def earlier_write(step: Step, context: StepContext) -> Generator[Effect, Any, Ou
         return None
     return Outcome(status=Status.NEEDS_OPERATOR,
                    reason=f"{unknown}; outcome_check could not tell whether it did")
+
+
+def _on_batch_rung(
+    rec: TaskRecord, step: Step, context: StepContext, route: Route
+) -> Generator[Effect, Any, tuple[TaskRecord, StepResult]]:
+    """Rule 8: one delivery of the step's call on the batch rung, the record marked first.
+
+    The mark (``batch_route``) reaches the store with the batch's own first
+    progress save, before anything is submitted."""
+    pending = PendingOperation.of(step.name, step.operation, route, step.cost)
+    rec = rec.with_checkpoint(batch_route=route, pending_operation=pending)
+    result = yield RunBatch(step, context, route, rec.priority, rec)
+    if result.progress is not None:  # already saved; later saves must keep it
+        rec = rec.with_checkpoint(step_progress=result.progress[0])
+    return rec, result
+
+
+def _handed_to_batch(step: Step, result: StepResult) -> Route | None:
+    """The batch-tier route the loop handed the step's call to, when it has ``batch=``."""
+    out = result.outcome
+    if step.batch is None or out is None or out.next_rung != "batch" or out.route is None:
+        return None
+    return out.route
+
+
+def _counted(rec: TaskRecord, out: Outcome) -> TaskRecord:
+    """The record with the outcome's attempts in its ledger and its refusal, if any."""
+    ledger = rec.checkpoint.attempts_used
+    return rec.with_checkpoint(
+        attempts_used=replace(
+            ledger, loop=ledger.loop + out.attempts.loop, sdk=ledger.sdk + out.attempts.sdk
+        ),
+        signal=out.signal if out.signal is not None and not out.signal.ok
+        else rec.checkpoint.signal,
+    )
 
 
 def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
@@ -241,30 +300,41 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             delivery=rec.deliveries,
             progress=ck.step_progress,
         )
-        earlier: Outcome | None = None
-        in_flight = ck.pending_operation
-        if (not step.idempotent and in_flight is not None and in_flight.step == step.name
-                and in_flight.started_delivery is not None):
-            earlier = yield from earlier_write(step, context)
-            if earlier is not None and not earlier.status.succeeded:
-                # The operator decides; a retry of theirs runs the write again.
-                rec = rec.with_checkpoint(pending_operation=pending)
-                return (yield from finish(TaskState.NEEDS_OPERATOR, earlier.reason))
-        if earlier is not None:
-            result = StepResult(earlier, None, now)
+        batch_route = ck.batch_route if step.batch is not None else None
+        if batch_route is not None:  # rule 8: on the batch rung since an earlier delivery
+            rec, result = yield from _on_batch_rung(rec, step, context, batch_route)
         else:
-            if not step.idempotent:
-                rec = rec.with_checkpoint(
-                    pending_operation=replace(pending, started_delivery=rec.deliveries))
-                ack = yield Save(rec)
-                if not ack.ok:
-                    return None
-                now = ack.now
-            result = yield RunStep(step, context, rec.deadline, rec.priority, rec)
-            rec = rec.with_checkpoint(pending_operation=pending)  # the write answered
-            if result.progress is not None:  # already saved; later saves must keep it
-                rec = rec.with_checkpoint(step_progress=result.progress[0])
+            earlier: Outcome | None = None
+            in_flight = ck.pending_operation
+            if (not step.idempotent and in_flight is not None and in_flight.step == step.name
+                    and in_flight.started_delivery is not None):
+                earlier = yield from earlier_write(step, context)
+                if earlier is not None and not earlier.status.succeeded:
+                    # The operator decides; a retry of theirs runs the write again.
+                    rec = rec.with_checkpoint(pending_operation=pending)
+                    return (yield from finish(TaskState.NEEDS_OPERATOR, earlier.reason))
+            if earlier is not None:
+                result = StepResult(earlier, None, now)
+            else:
+                if not step.idempotent:
+                    rec = rec.with_checkpoint(
+                        pending_operation=replace(pending, started_delivery=rec.deliveries))
+                    ack = yield Save(rec)
+                    if not ack.ok:
+                        return None
+                    now = ack.now
+                result = yield RunStep(step, context, rec.deadline, rec.priority, rec)
+                rec = rec.with_checkpoint(pending_operation=pending)  # the write answered
+                if result.progress is not None:  # already saved; later saves must keep it
+                    rec = rec.with_checkpoint(step_progress=result.progress[0])
         now = result.now
+        if batch_route is None and (handed := _handed_to_batch(step, result)) is not None:
+            assert result.outcome is not None
+            rec = _counted(rec, result.outcome)  # the attempts on the rungs above
+            # Rule 8: submit it now; the step's own progress (if any) is not the batch's.
+            rec, result = yield from _on_batch_rung(
+                rec, step, replace(context, progress=None), handed)
+            now = result.now
         if result.error is not None:
             # The exception's type only: its message may quote a prompt or a secret.
             return (yield from finish(
@@ -273,14 +343,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             ))
         out = result.outcome
         assert out is not None
-        ledger = rec.checkpoint.attempts_used
-        rec = rec.with_checkpoint(
-            attempts_used=replace(
-                ledger, loop=ledger.loop + out.attempts.loop, sdk=ledger.sdk + out.attempts.sdk
-            ),
-            signal=out.signal if out.signal is not None and not out.signal.ok
-            else rec.checkpoint.signal,
-        )
+        rec = _counted(rec, out)
         if out.status.succeeded:
             try:
                 value = _json_value(out.value)
@@ -298,6 +361,7 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
                     attempts=out.attempts.loop, rung=out.rung, cost_usd=out.cost_usd)),
                 pending_operation=None,
                 step_progress=None,
+                batch_route=None,
             )
             if index + 1 == len(steps):
                 break
@@ -343,6 +407,8 @@ def task_flow(rec: TaskRecord, definition: Task | None, now: datetime) -> Flow:
             )
             ack = yield Save(parked)
             return parked if ack.ok else None
+        if rec.checkpoint.batch_route is not None:  # rule 8: a retry walks the ladder again
+            rec = rec.with_checkpoint(batch_route=None, step_progress=None)
         failed = _FAILED_TO_STATE.get(out.status, TaskState.NEEDS_OPERATOR)
         if failed is TaskState.FAILED_RETRY_EXHAUSTED:
             failed = unsuccessful(failed.value)

@@ -68,6 +68,19 @@ def signal_from_dict(data: dict[str, Any]) -> LimitSignal:
     )
 
 
+def _route_dict(route: Route) -> dict[str, Any]:
+    """A route as the checkpoint keeps it: its fields (a route holds no secret), tags sorted."""
+    return {"provider": route.provider, "model": route.model, "project": route.project,
+            "tenant": route.tenant, "context_window": route.context_window,
+            "tags": sorted(route.tags), "input_price_per_mtok": route.input_price_per_mtok,
+            "output_price_per_mtok": route.output_price_per_mtok, "tier": route.tier}
+
+
+def _route_of(data: dict[str, Any]) -> Route:
+    """The route :func:`_route_dict` wrote."""
+    return Route(**{**data, "tags": frozenset(data.get("tags", ()))})
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Attempts by layer for the whole task; ``redeliveries`` are lease losses, ``wakes`` parks."""
@@ -175,10 +188,15 @@ class Checkpoint:
     reason: str = ""
     #: What the current step saved of its own progress (``ctx.save_progress``): JSON, or None.
     step_progress: Any = None
+    #: The batch-tier route the current step's call was handed to (the ladder's ``batch``
+    #: rung): while set, every delivery of the step runs on the batch rung (flow rule 8).
+    batch_route: Route | None = None
 
     def to_json(self) -> str:
         # Written only while set: checkpoints of steps that save none keep their old shape.
         progress = {} if self.step_progress is None else {"step_progress": self.step_progress}
+        if self.batch_route is not None:
+            progress["batch_route"] = _route_dict(self.batch_route)
         return json.dumps(
             {
                 "task_id": self.task_id,
@@ -225,6 +243,7 @@ class Checkpoint:
             user_visible_status=data.get("user_visible_status", ""),
             reason=data.get("reason", ""),
             step_progress=data.get("step_progress"),
+            batch_route=_route_of(data["batch_route"]) if data.get("batch_route") else None,
         )
 
 

@@ -27,11 +27,14 @@ from typing import Any
 from rateloop._clock import Clock, system_clock
 from rateloop.loop.drivers import AsyncRateLoop, CallOptions, RateLoop
 from rateloop.outcome.record import Outcome, Status
+from rateloop.policy import Policy
 from rateloop.route import Route
+from rateloop.tasks.batch_rung import batch_rung_outcome
 from rateloop.tasks.definition import LeaseLost, StepContext, Task, TaskRegistry, registry
 from rateloop.tasks.flow import (
     CheckReply,
     CheckWrite,
+    RunBatch,
     RunStep,
     Save,
     SaveAck,
@@ -202,7 +205,7 @@ class _BaseRunner:
         assert check is not None  # the flow asks only a step that has one
         return check(effect.context, effect.route)
 
-    def _progress_saver(self, effect: RunStep) -> tuple[StepContext, list[Any]]:
+    def _progress_saver(self, effect: RunStep | RunBatch) -> tuple[StepContext, list[Any]]:
         """The step's context with a ``save_progress`` that checkpoints now, fenced.
 
         The list receives each saved value, so the flow keeps the last one in
@@ -225,6 +228,15 @@ class _BaseRunner:
             saved.append(progress)
 
         return replace(effect.context, saver=save), saved
+
+    def _on_batch_rung(self, effect: RunBatch, policy: Policy, limiter: Any) -> StepResult:
+        """Perform :class:`RunBatch` (blocking): the step's ``batch=`` on the runner's terms."""
+        ctx, saved = self._progress_saver(effect)
+        try:
+            out = batch_rung_outcome(effect, ctx, policy=policy, limiter=limiter, clock=self.clock)
+        except Exception as exc:
+            return self._result(None, exc, self.clock.now(), saved)
+        return self._result(out, None, self.clock.now(), saved)
 
     @staticmethod
     def _result(out: Outcome | None, error: BaseException | None, now: datetime,
@@ -305,6 +317,8 @@ class TaskRunner(_BaseRunner):
                     result = self._ack(saved)
                 elif isinstance(effect, CheckWrite):
                     result = self._check_write(effect)
+                elif isinstance(effect, RunBatch):
+                    result = self._on_batch_rung(effect, self.loop.policy, self.loop.limiter)
                 else:
                     result = self._run_step(effect)
         finally:
@@ -434,6 +448,9 @@ class AsyncTaskRunner(_BaseRunner):
                     result = self._ack(ok)
                 elif isinstance(effect, CheckWrite):
                     result = await self._check_write(effect)
+                elif isinstance(effect, RunBatch):  # the batch API's client blocks
+                    result = await asyncio.to_thread(
+                        self._on_batch_rung, effect, self.loop.policy, self.loop.limiter)
                 else:
                     result = await self._run_step(effect)
         finally:

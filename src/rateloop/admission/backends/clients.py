@@ -10,8 +10,12 @@ connection.  A server that does not know a script yet (``NOSCRIPT``:
 freshly started, restarted or flushed) gets it once with ``EVAL``, which
 caches it.  redis-py's connections disconnect themselves on any error or
 cancellation while sending or reading, so a call cut off before its answer
-(deadline, cancellation) never leaves that answer for the next.  The cluster
-client goes through redis-py as usual (it routes by key).  redis-py's errors
+(deadline, cancellation) never leaves that answer for the next.  On a Redis
+Cluster the sync path sends the command the same way, on a pooled connection
+of the node that redis-py's slot map names for the call's keys (one hash tag:
+one slot), and goes through redis-py's cluster client only when the map is out
+of date (``MOVED``, ``ASK``, a node down); the async path goes through
+redis-py's async cluster client.  redis-py's errors
 are translated here, at one boundary: :class:`.protocol.BackendUnreachable`
 for a server that cannot be reached, :class:`~rateloop.errors.BackendError`
 otherwise.
@@ -35,7 +39,7 @@ try:
     import redis.asyncio as aredis
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
-    from redis.exceptions import NoScriptError
+    from redis.exceptions import AskError, ClusterDownError, NoScriptError, TryAgainError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
@@ -226,14 +230,8 @@ class RedisClients:
 
     def _call(self, call: ScriptCall, timeout: float | None) -> Any:
         client = self.sync_client()
-        if not isinstance(client, redis.Redis):  # a cluster routes by key; its socket timeout
-            sha, text = call.script
-            try:
-                return client.evalsha(sha, len(call.keys), *call.keys, *call.args)
-            except NoScriptError:
-                # Not in this server's cache yet (a fresh or restarted server): EVAL
-                # sends the text and caches it, so the next EVALSHA finds it.
-                return client.eval(text, len(call.keys), *call.keys, *call.args)
+        if not isinstance(client, redis.Redis):
+            return self._cluster_call(client, call, timeout)
         packed = call.packed_command()
         # The lane if no other thread is using it, else a connection from the pool.
         if self._lane_lock.acquire(False):
@@ -251,6 +249,42 @@ class RedisClients:
             return exchange(conn, call.script, packed, timeout)
         finally:
             pool.release(conn)
+
+    def _cluster_call(self, client: RedisCluster, call: ScriptCall, timeout: float | None) -> Any:
+        """A script call on a cluster: packed, on the node that holds its keys' slot.
+
+        Every key of a call shares one hash tag, so the node holding the first
+        key's slot (redis-py's map of the slots) runs the script; the command
+        is packed by the backend and sent on a pooled connection of that node,
+        as on a single server -- redis-py's cluster machinery costs more than
+        the script.  When the map is out of date (``MOVED``/``ASK`` after a
+        resharding, a failover, a node gone) the call goes through redis-py's
+        cluster client instead, which follows the redirection and refreshes
+        the map.
+        """
+        try:
+            node: Any = client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
+            pool = node.redis_connection.connection_pool
+            conn = pool.get_connection()
+        except (redis.RedisError, AttributeError, IndexError):
+            return self._cluster_routed(client, call)
+        try:
+            return exchange(conn, call.script, call.packed_command(), timeout)
+        except (AskError, TryAgainError, ClusterDownError, redis.ConnectionError):
+            return self._cluster_routed(client, call)
+        finally:
+            pool.release(conn)
+
+    @staticmethod
+    def _cluster_routed(client: RedisCluster, call: ScriptCall) -> Any:
+        """The call through redis-py's cluster client: it routes by key and follows redirections."""
+        sha, text = call.script
+        try:
+            return client.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            # Not in this server's cache yet (a fresh or restarted server): EVAL
+            # sends the text and caches it, so the next EVALSHA finds it.
+            return client.eval(text, len(call.keys), *call.keys, *call.args)
 
     async def arun(self, call: ScriptCall, timeout: float | None) -> Any:
         """The async twin of :meth:`run`."""

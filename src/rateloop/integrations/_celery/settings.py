@@ -35,6 +35,7 @@ class Settings:
     write_keys: str | WriteKeys | None
     outcome_check: Callable[[StepContext, Route], Any] | None
     on_outcome: Callable[[Any, EngineVerdict], None] | None
+    marked: bool = False
 
 
 def class_hook(cls: type, name: str) -> Any:
@@ -46,7 +47,7 @@ def class_hook(cls: type, name: str) -> Any:
 
 def check_settings(
     *, route: object, policy: object, loop: object, idempotent: object, outcome_check: object,
-    write_keys: object, on_outcome: object, options: Mapping[str, Any],
+    write_keys: object, on_outcome: object, options: Mapping[str, Any], marked: object = False,
 ) -> Settings:
     """Check a task's rateloop arguments; a bad one raises naming it and what is allowed."""
     if loop is not None and not isinstance(loop, RateLoop):
@@ -58,8 +59,9 @@ def check_settings(
         raise TypeError(f"unknown rateloop option(s) {', '.join(unknown)}; "
                         f"allowed: {', '.join(CALL_OPTIONS)}")
     spec = call_spec(checked, system_clock, route, options)  # raises with the reason
-    if not isinstance(idempotent, bool):
-        raise TypeError(f"idempotent must be True or False, got {idempotent!r}")
+    for flag, value in (("idempotent", idempotent), ("marked", marked)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
     for name, hook in (("outcome_check", outcome_check), ("on_outcome", on_outcome)):
         if hook is not None and not callable(hook):
             raise TypeError(f"{name} must be a callable or None, got {type(hook).__name__}")
@@ -76,4 +78,5 @@ def check_settings(
     return Settings(checked, spec.route, MappingProxyType(dict(options)),
                      write_keys if not idempotent else None,
                      outcome_check,  # type: ignore[arg-type]  # checked callable above
-                     on_outcome)  # type: ignore[arg-type]
+                     on_outcome,  # type: ignore[arg-type]
+                     marked is True)
