@@ -233,4 +233,6 @@ class Admissions:
 
 def booked(op: AdmitOp, book: float) -> AdmitOp:
     """``op`` booked up to ``book`` seconds ahead, where its plan allows a booking."""
-    return op._replace(book=book) if book and op.plan.bookable else op
+    if book and op.plan.bookable:  # ``op._replace(book=book)`` without its Python-level call
+        return _new_tuple(AdmitOp, (op[0], op[1], op[2], op[3], op[4], book))
+    return op

@@ -383,6 +383,8 @@ def _books(method: object) -> bool:
 
 def _book_seconds(within: object) -> float:
     """``book_within`` checked: a number of seconds >= 0, at most :data:`MAX_BOOK_SECONDS`."""
+    if type(within) is float and 0.0 <= within <= MAX_BOOK_SECONDS:
+        return within  # the loop's own booking horizon, every call: the fast path (NaN fails)
     if (
         isinstance(within, bool)
         or not isinstance(within, int | float)

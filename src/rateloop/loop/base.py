@@ -4,7 +4,9 @@ It holds what a loop is built with (checked by :mod:`rateloop.loop.args`),
 the public ways to derive a loop from another (:meth:`_LoopConfig.like`,
 :meth:`_LoopConfig.replace`), and the small services the flow calls back
 into: classifying a result, emitting an event, the one-time warnings, and
-turning an outcome into an exception.
+turning an outcome into an exception.  What every call starts from (the
+backoff, the budget's bounds, a route's spec and chain) is checked and built
+once per policy, in :class:`_Prepared`, not on every call.
 """
 
 from __future__ import annotations
@@ -41,12 +43,24 @@ from rateloop.outcome.record import Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing.budget import RunBudget
+from rateloop.timing.backoff import Backoff
+from rateloop.timing.budget import CallBudget, RunBudget
+from rateloop.timing.ladder import Ladder, ladder_chain
 
 __all__ = ["Classifier", "KeepReservation", "LoopOptions"]
 
 # Outcomes about the request itself, not capacity: the caller gets the provider's own exception.
 _NOT_CAPACITY = frozenset({Kind.INVALID, Kind.PERMISSION})
+
+#: A success with nothing to read in it: one value, shared by every such call.
+_OK = LimitSignal.of(Kind.OK)
+
+#: How many routes' specs and chains a loop keeps (a loop serves a handful; the bound
+#: only keeps a loop that sees endless distinct routes from growing without end).
+_CACHED_ROUTES = 256
+
+#: A call's chain of routes, the rung of each, and its ladder (``ladder_chain``).
+Chain = tuple[tuple[Route, ...], tuple[str, ...], Ladder | None]
 
 #: Frames between a warning raised for the flow and the caller of ``loop.call``:
 #: the warning helper, the flow's step (a sub-generator), the flow, the driver.
@@ -60,6 +74,71 @@ def _default_sinks(clock: Clock) -> tuple[EventSink, ...]:
     except (AttributeError, ValueError):  # a closed or replaced stderr
         tty = False
     return (ConsoleSink(clock=clock),) if tty else ()
+
+
+class _Prepared:
+    """What every call of a loop starts from, built once per policy: checked once, immutable.
+
+    The backoff, a template of the call budget (each call takes a fresh copy),
+    the checked spec of a call made with no options, per route, and each
+    route's chain (routes, rungs, ladder).  All are values the calls share
+    and never change; the loop rebuilds this when its policy, rng or run
+    budget is another object.
+    """
+
+    __slots__ = ("backoff", "budget", "chains", "enabled", "last", "policy", "rng", "run", "specs")
+
+    def __init__(
+        self, policy: Policy, rng: Callable[[], float] | None, run: RunBudget | None
+    ) -> None:
+        self.policy, self.rng, self.run = policy, rng, run
+        # enabled = false: the loop steps aside; one attempt, no admission, no wait.
+        self.enabled = on = policy.enabled
+        self.backoff: Backoff = policy.backoff(rng=rng)
+        self.budget = CallBudget(
+            max_attempts=policy.max_attempts if on else 1,
+            recovery_budget_secs=policy.recovery_budget_secs,
+            max_error_attempts=policy.max_error_attempts if on else 1,
+            started_at=0.0,
+            max_wait_secs=policy.max_wait_secs,
+            run=run,
+        )
+        self.specs: dict[Route, CallSpec] = {}
+        self.chains: dict[tuple[Route, tuple[Route, ...], str], Chain] = {}
+        # The last option-less call's route, spec and chain: the same Route object again
+        # (the usual case) is recognised by identity, without hashing its nine fields.
+        self.last: tuple[Route, CallSpec, Chain] | None = None
+
+    def spec(self, clock: Clock, route: Route, options: CallOptions) -> CallSpec:
+        """The checked spec of a call; a call with no options on a known route costs a lookup."""
+        if options or type(route) is not Route:
+            return call_spec(self.policy, clock, route, options)
+        last = self.last
+        if last is not None and last[0] is route:
+            return last[1]
+        spec = self.specs.get(route)
+        if spec is None:
+            spec = call_spec(self.policy, clock, route, options)
+            if len(self.specs) >= _CACHED_ROUTES:
+                self.specs.clear()
+            self.specs[route] = spec
+        self.last = (route, spec, self.chain(spec))
+        return spec
+
+    def chain(self, spec: CallSpec) -> Chain:
+        """The call's chain of routes, rungs and ladder (``ladder_chain``), cached by route."""
+        last = self.last
+        if last is not None and last[1] is spec:
+            return last[2]
+        key = (spec.route, spec.fallbacks, spec.priority)
+        chain = self.chains.get(key)
+        if chain is None:
+            ladder = self.policy.ladder if self.enabled else None
+            chain = ladder_chain(spec.route, spec.fallbacks, ladder, spec.priority)
+            if len(self.chains) >= _CACHED_ROUTES:
+                self.chains.clear()
+            self.chains[key] = chain
+        return chain
 
 
 class _LoopConfig:
@@ -103,6 +182,7 @@ class _LoopConfig:
             id(s) for s in self._observers if takes_call_labels(getattr(s, "call_started", None))
         )
         self._warned_sdk_retries = False
+        self._prepared = _Prepared(self.policy, rng, run_budget)
         self._limits_used: set[str] | None = set()  # None once checked out (warned or all used)
 
     def __repr__(self) -> str:
@@ -146,8 +226,19 @@ class _LoopConfig:
 
     # -- services for the flow ---------------------------------------------------------
 
+    def _prepare(self) -> _Prepared:
+        """This loop's per-policy values, rebuilt if its policy, rng or run budget changed."""
+        prepared = self._prepared
+        if (
+            prepared.policy is not self.policy
+            or prepared.rng is not self.rng
+            or prepared.run is not self.run_budget
+        ):
+            prepared = self._prepared = _Prepared(self.policy, self.rng, self.run_budget)
+        return prepared
+
     def _spec(self, route: Route, options: CallOptions) -> CallSpec:
-        return call_spec(self.policy, self.clock, route, options)
+        return self._prepare().spec(self.clock, route, options)
 
     def _emit(self, event: CapacityEvent) -> None:
         for sink in self.sinks:
@@ -159,16 +250,15 @@ class _LoopConfig:
         return hook is not None and bool(hook(fn, reservation))
 
     def _signal_of(self, result: Returned | Raised) -> LimitSignal:
-        now = self.clock.now()
         if isinstance(result, Raised):
             if self.classify is not None:
                 return self.classify(result.error)
-            return classify_exception(result.error, now=now)
+            return classify_exception(result.error, now=self.clock.now())
         value = result.value
         status = getattr(value, "status_code", None)
         if isinstance(status, int) and not isinstance(status, bool):
-            return classify_response(value, now=now)
-        return LimitSignal.of(Kind.OK)
+            return classify_response(value, now=self.clock.now())
+        return _OK
 
     def _check_limits_keys(self, route: Route) -> None:
         """Warn once when a route matches no configured limits key while a key matched none.

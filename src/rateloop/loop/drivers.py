@@ -170,20 +170,23 @@ class RateLoop(_BaseRateLoop):
                         "RateLoop.call got a coroutine function; use AsyncRateLoop for async code"
                     )
                 return Returned(value, sent[0])
+            # The rest by how often a call meets them: book, settle, release first.
+            case Book(route, cost, priority, within):
+                return limiter.try_book(route, cost, priority, within)
+            case Settle(reservation, input_tokens, output_tokens):
+                if self._kept(fn, reservation):
+                    return None
+                return reservation.settle(input_tokens, output_tokens)
+            case SettleUsage(reservation, usage):
+                if self._kept(fn, reservation):
+                    return None
+                return reservation.settle_usage(usage)
+            case Release(reservation):
+                return reservation.release()
             case Sleep(seconds):
                 return self.clock.sleep(seconds)
             case Reserve(route, cost, priority):
                 return limiter.try_reserve(route, cost, priority=priority)
-            case Book(route, cost, priority, within):
-                return limiter.try_book(route, cost, priority, within)
-            case Settle(reservation) | SettleUsage(reservation) if self._kept(fn, reservation):
-                return None
-            case Settle(reservation, input_tokens, output_tokens):
-                return reservation.settle(input_tokens, output_tokens)
-            case SettleUsage(reservation, usage):
-                return reservation.settle_usage(usage)
-            case Release(reservation):
-                return reservation.release()
             case Observe(scope, signal):
                 return limiter.observe(scope, signal)
             case Pause(scope, until, reason):
@@ -258,20 +261,23 @@ class AsyncRateLoop(_BaseRateLoop):
                     except Exception as exc:
                         return Raised(exc, sent[0])
                 return Returned(value, sent[0])
+            # The rest by how often a call meets them: book, settle, release first.
+            case Book(route, cost, priority, within):
+                return await limiter.atry_book(route, cost, priority, within)
+            case Settle(reservation, input_tokens, output_tokens):
+                if self._kept(fn, reservation):
+                    return None
+                return await reservation.asettle(input_tokens, output_tokens)
+            case SettleUsage(reservation, usage):
+                if self._kept(fn, reservation):
+                    return None
+                return await reservation.asettle_usage(usage)
+            case Release(reservation):
+                return await reservation.arelease()
             case Sleep(seconds):
                 return await self.clock.asleep(seconds)
             case Reserve(route, cost, priority):
                 return await limiter.atry_reserve(route, cost, priority=priority)
-            case Book(route, cost, priority, within):
-                return await limiter.atry_book(route, cost, priority, within)
-            case Settle(reservation) | SettleUsage(reservation) if self._kept(fn, reservation):
-                return None
-            case Settle(reservation, input_tokens, output_tokens):
-                return await reservation.asettle(input_tokens, output_tokens)
-            case SettleUsage(reservation, usage):
-                return await reservation.asettle_usage(usage)
-            case Release(reservation):
-                return await reservation.arelease()
             case Observe(scope, signal):
                 return await limiter.aobserve(scope, signal)
             case Pause(scope, until, reason):

@@ -20,9 +20,13 @@ The steps of one attempt, each a sub-generator composed with ``yield from``:
 3. :meth:`_Run.settle_and_observe` -- settle the reservation (or let the
    ``keep_reservation`` hook take it), release it on a refusal, feed the
    provider's word to the limiter and pause the scope it names.
-4. :meth:`_Run.respond` -- a success ends the call; an exception no
-   classifier knows is re-raised (a bug, not a refusal); a refusal is
-   recorded and goes on to steps 5 and 6.
+4. :meth:`_Run.succeed` -- a success ends the call; :meth:`_Run.respond`
+   -- an exception no classifier knows is re-raised (a bug, not a refusal);
+   a refusal is recorded and goes on to steps 5 and 6.
+
+Without a limiter steps 1 and 3 have nothing to do and are not entered, and a
+success ends in a plain call: the common call, a first-try success, builds
+as few generators and objects as it can (``bench/hotpath_bench.py``).
 5. :meth:`_Run.guard_write` -- a write that may have taken effect is never
    retried blindly (rule 9).
 6. :meth:`_Run.apply` -- ask the decider, then wait and retry, wait and
@@ -64,7 +68,6 @@ from rateloop.outcome.events import DecisionKind
 from rateloop.outcome.record import Outcome, Status
 from rateloop.route import Route
 from rateloop.signal import Kind, LimitSignal
-from rateloop.timing.budget import CallBudget
 from rateloop.timing.decide import (
     ARRIVAL_SLACK_SECS,
     Decision,
@@ -77,7 +80,7 @@ from rateloop.timing.decide import (
     decide_admission,
     decide_write,
 )
-from rateloop.timing.ladder import ladder_chain, tier_discount
+from rateloop.timing.ladder import tier_discount
 from rateloop.timing.state import (
     LoopState,
     count_sdk_retries,
@@ -102,11 +105,12 @@ class _Moved:
 _MOVED: Final = _Moved()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per attempt, and frozen fields cost a call each
 class _Attempted:
     result: Returned | Raised
     signal: LimitSignal
     now: float  # monotonic, read when the signal was known
+    usage: Any | None  # what a success reports it used (``usage_of``), read once
 
 
 class _BaseRateLoop(_LoopConfig):
@@ -128,27 +132,17 @@ class _Run:
         deadline = (
             start + (spec.deadline - wall0).total_seconds() if spec.deadline is not None else None
         )
+        # Checked once per policy: the budget's bounds, the backoff, the route's chain.
+        prepared = loop._prepare()
         # enabled = false: the loop steps aside; one attempt, no admission, no wait.
-        on = policy.enabled
-        self.limiter = loop.limiter if on else None
-        budget = CallBudget(
-            max_attempts=policy.max_attempts if on else 1,
-            recovery_budget_secs=policy.recovery_budget_secs,
-            max_error_attempts=policy.max_error_attempts if on else 1,
-            started_at=start,
-            deadline=deadline,
-            max_wait_secs=policy.max_wait_secs,
-            run=loop.run_budget,
-        )
-        chain, rungs, ladder = ladder_chain(
-            spec.route, spec.fallbacks, policy.ladder if on else None, spec.priority
-        )
+        self.limiter = loop.limiter if prepared.enabled else None
+        chain, rungs, ladder = prepared.chain(spec)
         self.state = LoopState(
             chain=chain,
             rungs=rungs,
             ladder=ladder,
-            budget=budget,
-            backoff=policy.backoff(rng=loop.rng),
+            budget=prepared.budget.fresh(started_at=start, deadline=deadline),
+            backoff=prepared.backoff,
             epoch=(start, wall0),
             cost=spec.cost,
             data_class=spec.data_class,
@@ -168,15 +162,20 @@ class _Run:
                 )
             assert isinstance(step, Proceed)
             route = step.route
-            admitted = yield from self.admit(route)
-            if isinstance(admitted, Outcome):
-                return admitted
-            if admitted is _MOVED:
-                continue
+            admitted = None
+            if self.limiter is not None:  # (steps 1 and 3 have nothing to do without one)
+                admitted = yield from self.admit(route)
+                if isinstance(admitted, Outcome):
+                    return admitted
+                if admitted is _MOVED:
+                    continue
             attempted = yield from self.attempt(route, admitted)
             if isinstance(attempted, Outcome):
                 return attempted
-            yield from self.settle_and_observe(route, admitted, attempted)
+            if self.limiter is not None:
+                yield from self.settle_and_observe(route, admitted, attempted)
+            if attempted.signal.kind is Kind.OK:
+                return self.succeed(route, attempted)
             ended = yield from self.respond(route, attempted)
             if ended is not None:
                 return ended
@@ -184,9 +183,7 @@ class _Run:
     # -- 1. admit ----------------------------------------------------------------------
 
     def admit(self, route: Route) -> _Flow[Any]:
-        """A reservation on ``route`` (None without a limiter), ``_MOVED``, or the outcome."""
-        if self.limiter is None:
-            return None
+        """A reservation on ``route``, ``_MOVED``, or the outcome (asked with a limiter only)."""
         self.loop._check_limits_keys(route)
         state, report = self.state, self.report
         while True:
@@ -194,6 +191,9 @@ class _Run:
             if granted is None:
                 granted = yield self.booking(route)
             if not isinstance(granted, Denied):
+                # A start now (the common grant) has nothing to wait for.
+                if not getattr(granted, "starts_in", 0.0) > 0:
+                    return granted
                 if (yield from self.await_start(route, granted)):
                     return granted
                 continue
@@ -233,10 +233,8 @@ class _Run:
         return Reserve(route, spec.cost, spec.priority)
 
     def await_start(self, route: Route, reservation: Any) -> _Flow[bool]:
-        """Sleep until a booked start; False when a refusal meanwhile voided the booking."""
-        starts_in = getattr(reservation, "starts_in", 0.0)
-        if not starts_in > 0:
-            return True
+        """Sleep until a booked start ahead; False when a refusal meanwhile voided the booking."""
+        starts_in: float = reservation.starts_in
         why = f"booked capacity on {route.scope}"
         sleep = self.report.wait_for(
             starts_in + ARRIVAL_SLACK_SECS, DecisionKind.ADMISSION_WAIT, route, why
@@ -283,7 +281,11 @@ class _Run:
             yield from self.release(reservation)
             return report.finish(Status.FAILED_RETRY_EXHAUSTED, "the run's attempt budget is spent")
         report.ledger.record_loop()
-        result: Returned | Raised = yield from self.holding(reservation, Call(route))
+        try:  # ``holding``, inlined: one generator fewer on every attempt
+            result: Returned | Raised = yield Call(route)
+        except BaseException:
+            yield from self.release(reservation)
+            raise
         if isinstance(result, Raised):
             report.last_error = result.error
         retries = sdk_retries(result)
@@ -299,7 +301,8 @@ class _Run:
             raise
         report.signal = signal
         record_answer(state, signal)  # any answer: this endpoint is there
-        return _Attempted(result, signal, self.clock.monotonic())
+        usage = usage_of(result) if signal.kind is Kind.OK else None
+        return _Attempted(result, signal, self.clock.monotonic(), usage)
 
     # -- 3. settle and observe ---------------------------------------------------------
 
@@ -311,14 +314,14 @@ class _Run:
         if reservation is not None:
             if signal.kind is not Kind.OK:
                 yield Release(reservation)  # the request still counts
-            elif (usage := usage_of(attempted.result)) is not None:
+            elif attempted.usage is not None:
                 # Read as the provider's accounting profile says (cache reads, ...).
-                yield SettleUsage(reservation, usage)
+                yield SettleUsage(reservation, attempted.usage)
             else:
                 cost = self.spec.cost
                 yield Settle(reservation, cost.input_tokens, cost.output_tokens)
-        if self.limiter is None:
-            return
+        if signal.kind is Kind.OK and not signal.observed:
+            return  # nothing to learn from, and a success never pauses a scope
         # The provider speaks for the scope it limits (the project), every tenant
         # included; a tool the call used speaks for the tool's own scope.
         scope = observed_scope(signal, route)
@@ -338,17 +341,19 @@ class _Run:
 
     # -- 4. respond to what came back -------------------------------------------------
 
+    def succeed(self, route: Route, attempted: _Attempted) -> Outcome:
+        """Step 4 on a success: the call ends here (no effect left to perform)."""
+        done = decide(self.state, attempted.signal, self.policy, attempted.now)
+        assert isinstance(done, Stop)
+        result = attempted.result
+        value = result.value if isinstance(result, Returned) else None
+        return self.report.finish(
+            done.status, done.reason, value=value, cost_usd=self.price(route, attempted.usage)
+        )
+
     def respond(self, route: Route, attempted: _Attempted) -> _Flow[Outcome | None]:
-        """Steps 4-6: the outcome when the call ends here, None to go round again."""
+        """Steps 4-6 after a refusal: the outcome when the call ends here, None to go round."""
         state, signal, now = self.state, attempted.signal, attempted.now
-        if signal.kind is Kind.OK:
-            done = decide(state, signal, self.policy, now)
-            assert isinstance(done, Stop)
-            result = attempted.result
-            value = result.value if isinstance(result, Returned) else None
-            return self.report.finish(
-                done.status, done.reason, value=value, cost_usd=self.price(route, result)
-            )
         self.surface_bug(attempted)
         record_refusal(state, now, signal.kind)
         ended = yield from self.guard_write(route, attempted)
@@ -356,14 +361,15 @@ class _Run:
             return ended
         return (yield from self.apply(decide(state, signal, self.policy, now), route))
 
-    def price(self, route: Route, result: Returned | Raised) -> float | None:
-        """What the served call cost on ``route``: the reported usage, else the reservation.
+    def price(self, route: Route, usage: Any | None) -> float | None:
+        """What the served call cost on ``route``: the reported ``usage``, else the reservation.
 
         Tokens as the provider's accounting counts them (cache discounts are not
         applied), at the route's prices less its tier's discount.
         """
-        return served_cost_usd(route, usage_of(result), self.spec.cost,
-                               tier_discount(self.policy.ladder, route.tier))
+        return served_cost_usd(
+            route, usage, self.spec.cost, tier_discount(self.policy.ladder, route.tier)
+        )
 
     def surface_bug(self, attempted: _Attempted) -> None:
         """Re-raise an exception no classifier recognises (unless ``trigger_scope = "all"``)."""

@@ -13,8 +13,6 @@ the ledger still learns how many requests the provider saw:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 
 __all__ = ["acount_request", "count_request", "counting_requests", "sdk_retries_taken"]
@@ -23,15 +21,27 @@ __all__ = ["acount_request", "count_request", "counting_requests", "sdk_retries_
 _requests_seen: ContextVar[list[int] | None] = ContextVar("rateloop_sdk_requests", default=None)
 
 
-@contextmanager
-def counting_requests() -> Iterator[list[int]]:
-    """Count the requests helper-built clients send inside the block: ``box[0]``."""
-    box = [0]
-    token = _requests_seen.set(box)
-    try:
-        yield box
-    finally:
-        _requests_seen.reset(token)
+class counting_requests:  # a function's name: it is used as one, ``with counting_requests()``
+    """Count the requests helper-built clients send inside the block: ``box[0]``.
+
+    A class rather than a ``@contextmanager`` generator: it runs around every
+    attempt, and a generator-based manager costs several times as much.
+
+    >>> with counting_requests() as sent:
+    ...     count_request(object())
+    >>> sent
+    [1]
+    """
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> list[int]:
+        box = [0]
+        self._token = _requests_seen.set(box)
+        return box
+
+    def __exit__(self, *exc: object) -> None:
+        _requests_seen.reset(self._token)
 
 
 def count_request(request: object) -> None:

@@ -41,7 +41,7 @@ class Status(StrEnum):
     @property
     def succeeded(self) -> bool:
         """True for ``completed`` and ``degraded``: the work was done."""
-        return self in (Status.COMPLETED, Status.DEGRADED)
+        return self is Status.COMPLETED or self is Status.DEGRADED  # (``in`` compares strings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,10 @@ class Attempts:
 
     def __repr__(self) -> str:
         return f"Attempts(loop={self.loop}, sdk={self.sdk}, redeliveries={self.redeliveries})"
+
+
+#: The attempts of a call done on its first try: most calls' (a frozen value, shared).
+_ONE_ATTEMPT = Attempts(loop=1)
 
 
 class AttemptLedger:
@@ -94,8 +98,12 @@ class AttemptLedger:
             self.redeliveries += n
 
     def snapshot(self) -> Attempts:
+        """The counts now, frozen (a first-try call's, ``loop=1``, is one shared value)."""
         with self._lock:
-            return Attempts(loop=self.loop, sdk=self.sdk, redeliveries=self.redeliveries)
+            loop, sdk, redeliveries = self.loop, self.sdk, self.redeliveries
+        if loop == 1 and not sdk and not redeliveries:
+            return _ONE_ATTEMPT
+        return Attempts(loop=loop, sdk=sdk, redeliveries=redeliveries)
 
     def __repr__(self) -> str:
         return f"AttemptLedger(loop={self.loop}, sdk={self.sdk}, redeliveries={self.redeliveries})"

@@ -54,6 +54,8 @@ def _positive_int(owner: str, name: str, value: object) -> int:
 
 
 def _seconds(owner: str, name: str, value: object) -> float:
+    if type(value) is float and not math.isnan(value):  # a clock's reading: the fast path
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise ValueError(f"{owner} {name} must be a number of seconds, got {value!r}")
     return float(value)
@@ -165,6 +167,30 @@ class CallBudget:
         self._attempts = 0
         self._error_attempts = 0
         self._first_refusal_at: float | None = None
+
+    def fresh(self, *, started_at: float, deadline: float | None = None) -> CallBudget:
+        """A new, unspent budget with this one's bounds and run, started at ``started_at``.
+
+        The bounds were checked when this budget was built and are not checked
+        again (a loop builds one template per policy and a fresh budget per call).
+
+        >>> template = CallBudget(max_attempts=3, recovery_budget_secs=60, started_at=0)
+        >>> budget = template.fresh(started_at=5.0, deadline=65.0)
+        >>> budget.max_attempts, budget.started_at, budget.deadline, budget.attempts
+        (3, 5.0, 65.0, 0)
+        """
+        new = CallBudget.__new__(CallBudget)
+        new.max_attempts = self.max_attempts
+        new.max_error_attempts = self.max_error_attempts
+        new.recovery_budget_secs = self.recovery_budget_secs
+        new.max_wait_secs = self.max_wait_secs
+        new.run = self.run
+        new.started_at = _seconds("CallBudget", "started_at", started_at)
+        new.deadline = _optional_seconds("CallBudget", "deadline", deadline)
+        new._attempts = 0
+        new._error_attempts = 0
+        new._first_refusal_at = None
+        return new
 
     # -- attempts --------------------------------------------------------
 

@@ -47,6 +47,12 @@ __all__ = ["MemoryBackend"]
 
 _BUCKET = CheckKind.BUCKET
 _DAY = CheckKind.DAY
+
+# The history's field names of each dimension (``admit.lua``'s): units used, the limit in
+# force, the count held.  Built once: an enum's ``.value`` is a Python-level descriptor.
+_USED = {d: "u:" + d.value for d in Dimension}
+_LIMIT = {d: "L:" + d.value for d in Dimension}
+_COUNT = {d: "c:" + d.value for d in Dimension}
 _new_tuple = tuple.__new__
 
 
@@ -143,17 +149,18 @@ def _record(
             if fields is None:
                 fields = records[check.scope] = history.record(check.scope, wall)
                 fields["a"] = fields.get("a", 0.0) + 1
-            name = check.dimension.value
+            dimension = check.dimension
             if slot is None:  # a lease: the leases held now, of the slots
-                fields["c:" + name] = float(len(state.leases))
-                fields["L:" + name] = allowed
+                fields[_COUNT[dimension]] = float(len(state.leases))
+                fields[_LIMIT[dimension]] = allowed
                 continue
-            fields["u:" + name] = fields.get("u:" + name, 0.0) + amount
+            used = _USED[dimension]
+            fields[used] = fields.get(used, 0.0) + amount
             if type(slot) is Bucket:  # per minute, at the rate in force (AIMD included)
-                fields["L:" + name] = extra * 60.0
+                fields[_LIMIT[dimension]] = extra * 60.0
             else:
-                fields["c:" + name] = value
-                fields["L:" + name] = allowed
+                fields[_COUNT[dimension]] = value
+                fields[_LIMIT[dimension]] = allowed
 
 
 class MemoryBackend:
@@ -416,7 +423,7 @@ class MemoryBackend:
             wall = self._clock.now().timestamp()
             for check, delta in zip(op.checks, op.deltas, strict=True):
                 if delta:
-                    history.add(check.scope, wall, {"u:" + check.dimension.value: delta})
+                    history.add(check.scope, wall, {_USED[check.dimension]: delta})
         lease_id = op.lease_id
         if lease_id is not None:
             for lease_scope in op.plan.lease_scopes:  # held in every scope with a limit
