@@ -7,7 +7,7 @@ tests/test_ladder_loop.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
@@ -27,6 +27,7 @@ from rateloop.timing.budget import CallBudget
 from rateloop.timing.decide import FallBack, Proceed, Stop, decide, decide_admission
 from rateloop.timing.ladder import ladder_chain, ladder_end, tier_discount
 from rateloop.timing.state import Answered, LoopState, start_attempt, take
+from test_timing_decide import Settings  # the decider's settings, as the decider reads them
 
 ROUTE = Route(provider="openai", model="gpt-5", project="p", input_price_per_mtok=2.0,
               output_price_per_mtok=8.0)
@@ -34,22 +35,6 @@ FLEX, BATCH = ROUTE.with_tier("flex"), ROUTE.with_tier("batch")
 BACKUP = Route(provider="anthropic", model="claude", project="p")
 EPOCH = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 FULL = ("standard", "flex", "batch", "fallback", "park")
-
-
-@dataclass(frozen=True)
-class Fallbacks:
-    allowed_providers: frozenset[str] | None = None
-    data_class: str | None = None
-    max_cost_usd: float | None = None
-
-
-@dataclass(frozen=True)
-class Settings:
-    trigger_scope: str = "transient"
-    max_attempts: int = 20
-    attempts_per_route: int | None = None
-    pause_limit_secs: float = 3600.0
-    fallback: Fallbacks = field(default_factory=Fallbacks)
 
 
 def state_for(ladder: LadderPolicy | None, priority: str, *, deadline: float | None = 30.0,
