@@ -56,7 +56,8 @@ from rateloop.outcome.record import Outcome, Status
 from rateloop.policy import Policy
 from rateloop.route import Route
 from rateloop.tasks.definition import Step, StepContext
-from rateloop.tasks.flow import CheckReply, CheckWrite, earlier_write
+from rateloop.tasks.flow import CheckWrite, earlier_write
+from rateloop.tasks.runner import check_write
 
 try:
     from celery import Task  # type: ignore[import-untyped]
@@ -305,12 +306,7 @@ def _drive_check(flow: Generator[Any, Any, Outcome | None]) -> Outcome | None:
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         assert isinstance(effect, CheckWrite)
-        check = effect.step.outcome_check
-        assert check is not None
-        try:
-            reply = CheckReply(check(effect.context, effect.route), None)
-        except Exception as exc:
-            reply = CheckReply(None, exc)
+        reply = check_write(effect)
 
 
 def rateloop_task(

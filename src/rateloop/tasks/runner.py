@@ -46,7 +46,7 @@ from rateloop.tasks.queue import QueuePolicy
 from rateloop.tasks.states import PriorityClass, TaskState
 from rateloop.tasks.store import TaskStore
 
-__all__ = ["AsyncTaskRunner", "TaskRunner"]
+__all__ = ["AsyncTaskRunner", "TaskRunner", "check_write"]
 
 _log = logging.getLogger("rateloop.tasks")
 
@@ -199,11 +199,6 @@ class _BaseRunner:
         expires = self.clock.now() + timedelta(seconds=self.policy.lease_secs)
         return replace(record, lease_expires_at=expires)
 
-    @staticmethod
-    def _ask(effect: CheckWrite) -> Any:
-        check = effect.step.outcome_check
-        assert check is not None  # the flow asks only a step that has one
-        return check(effect.context, effect.route)
 
     def _progress_saver(self, effect: RunStep | RunBatch) -> tuple[StepContext, list[Any]]:
         """The step's context with a ``save_progress`` that checkpoints now, fenced.
@@ -316,22 +311,13 @@ class TaskRunner(_BaseRunner):
                     saved = self.store.save(self._renewed(effect.record), fence=rec.fence)
                     result = self._ack(saved)
                 elif isinstance(effect, CheckWrite):
-                    result = self._check_write(effect)
+                    result = check_write(effect)
                 elif isinstance(effect, RunBatch):
                     result = self._on_batch_rung(effect, self.loop.policy, self.loop.limiter)
                 else:
                     result = self._run_step(effect)
         finally:
             beat.finish()
-
-    def _check_write(self, effect: CheckWrite) -> CheckReply:
-        try:
-            verdict = _not_awaitable(
-                self._ask(effect), f"the outcome_check of step {effect.step.name}"
-            )
-        except Exception as exc:
-            return CheckReply(None, exc)
-        return CheckReply(verdict, None)
 
     def _run_step(self, effect: RunStep) -> StepResult:
         step = effect.step
@@ -346,6 +332,22 @@ class TaskRunner(_BaseRunner):
         except Exception as exc:
             return self._result(None, exc, self.clock.now(), saved)
         return self._result(out, None, self.clock.now(), saved)
+
+
+def _ask(effect: CheckWrite) -> Any:
+    check = effect.step.outcome_check
+    assert check is not None  # the flow asks only a step that has one
+    return check(effect.context, effect.route)
+
+
+def check_write(effect: CheckWrite) -> CheckReply:
+    """Answer the flow's ``CheckWrite`` with a blocking ``outcome_check``: its verdict, or the
+    exception it raised (a coroutine is refused: a blocking runner cannot await it)."""
+    try:
+        verdict = _not_awaitable(_ask(effect), f"the outcome_check of step {effect.step.name}")
+    except Exception as exc:
+        return CheckReply(None, exc)
+    return CheckReply(verdict, None)
 
 
 def _not_awaitable(value: Any, what: str) -> Any:
@@ -468,7 +470,7 @@ class AsyncTaskRunner(_BaseRunner):
 
     async def _check_write(self, effect: CheckWrite) -> CheckReply:
         try:
-            verdict = self._ask(effect)
+            verdict = _ask(effect)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
         except Exception as exc:
