@@ -21,6 +21,8 @@ Strategies:
 * ``litellm``        -- LiteLLM's ``Router`` with the deployment's ``rpm``/``tpm``
   (``num_retries=2``); across processes it shares usage through Redis
   (``redis_host``/``redis_port``: its cross-instance mode).
+* ``litellm-retries`` -- LiteLLM's ``Router`` told no limits, ``num_retries=6``: its
+  own retries (exponential backoff, honouring ``retry-after``) alone.
 
 * ``token-throttle``  -- token-throttle's ``RateLimiter`` (``requests`` and ``tokens``
   quotas per minute; memory backend in 1 process, Redis backend with one
@@ -169,7 +171,7 @@ def make_caller(strategy: str, url: str, cfg: dict[str, Any], processes: int) ->
             await sdk.close()
 
         return with_tenacity, close_sdk
-    if strategy == "litellm":
+    if strategy in ("litellm", "litellm-retries"):
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         import litellm
         from litellm import Router
@@ -177,9 +179,13 @@ def make_caller(strategy: str, url: str, cfg: dict[str, Any], processes: int) ->
         litellm.suppress_debug_info = True
         logging.getLogger("LiteLLM").setLevel(logging.CRITICAL)
         logging.getLogger("LiteLLM Router").setLevel(logging.CRITICAL)
-        params = {"model": f"openai/{MODEL}", "api_base": url + "/v1", "api_key": "fake",
-                  "rpm": cfg["rpm"], "tpm": cfg["tpm"]}
-        options: dict[str, Any] = {"num_retries": 2, "routing_strategy": "usage-based-routing-v2"}
+        params = {"model": f"openai/{MODEL}", "api_base": url + "/v1", "api_key": "fake"}
+        options: dict[str, Any] = {"num_retries": 2}
+        if strategy == "litellm":  # told the limits, usage-based routing
+            params.update(rpm=cfg["rpm"], tpm=cfg["tpm"])
+            options["routing_strategy"] = "usage-based-routing-v2"
+        else:  # litellm-retries: no limits told, its retries (backoff, retry-after) alone
+            options["num_retries"] = 6
         if processes > 1:
             options.update(redis_host="127.0.0.1", redis_port=int(cfg["redis"].rsplit(":", 1)[1]
                                                                   .split("/")[0]))

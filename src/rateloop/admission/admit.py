@@ -80,9 +80,13 @@ class Admissions:
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; the backend's time (None: dropped)."""
+        if op.plan.cold_scope is not None:
+            self._known.answered(op.plan.cold_scope)
         return self._runner.settle(op, local=local)
 
     async def asettle(self, op: SettleOp, *, local: bool) -> float | None:
+        if op.plan.cold_scope is not None:
+            self._known.answered(op.plan.cold_scope)
         return await self._runner.asettle(op, local=local)
 
     # -- the flows: the algorithm, written once ---------------------------------------------

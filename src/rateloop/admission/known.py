@@ -8,6 +8,16 @@ backend what one process learned reaches the others through
 :meth:`KnownLimits.refresh_op` and :meth:`KnownLimits.adopt`.  It runs no
 flow and touches no backend: the admission flows (``admit.py``) read its
 plans, the flows that learn from the provider (``feedback.py``) write to it.
+
+The cold start.  A route with no limits on any of its scopes -- nothing
+configured, nothing learned yet -- would send every call at once, and a
+fleet's first wave can be larger than the provider's bucket: its first
+answers would be 429s.  Until the route's provider scope has answered once in
+this process (:meth:`KnownLimits.answered`: the first settle or release of a
+call admitted cold), at most ``cold_start`` calls of it are in flight (a
+concurrency check on the provider scope, shared through the backend).  The
+first answer's headers teach the limits and the burst, and a provider that
+sends none is not limited after it.
 """
 
 from __future__ import annotations
@@ -30,6 +40,10 @@ __all__ = ["KnownLimits"]
 log = logging.getLogger("rateloop.admission")
 
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
+#: Calls of a route with no known limits in flight at once until its provider answers.
+COLD_START_CALLS = 8
+#: A cold-start slot a process never gave back (it died) is free again after this.
+_COLD_START_TTL = 120.0
 _PLAN_CACHE_SIZE = 4096
 _PRIORITIES: dict[object, Priority] = {p: p for p in Priority} | {p.value: p for p in Priority}
 
@@ -41,8 +55,10 @@ class KnownLimits:
     so what is learned is written to it and read back from it.
     """
 
-    def __init__(self, *, shared: bool) -> None:
+    def __init__(self, *, shared: bool, cold_start: int = COLD_START_CALLS) -> None:
         self._lock = threading.Lock()
+        self.cold_start = cold_start
+        self._answered: set[str] = set()  # provider scopes past their cold start
         self._limits: dict[str, LimitSpec] = {}
         self.shared = shared
         self.learned = Learned(self._limits.__contains__, shared=shared)
@@ -139,7 +155,13 @@ class KnownLimits:
             for scope, spec in specs:
                 if spec is not None:
                     checks.extend(build_checks(scope, spec, prio, profile))
+            cold = None
+            if not checks and self.cold_start and route.provider_scope not in self._answered:
+                cold = route.provider_scope
+                checks.extend(build_checks(cold, LimitSpec(
+                    concurrency=self.cold_start, lease_ttl_secs=_COLD_START_TTL), prio, profile))
             plan = AdmitPlan(scopes, tuple(checks), prio, profile)
+            plan.cold_scope = cold
             # Something can be learned: limits (nothing configured on the route) or
             # the provider's burst (a configured scope without ``burst``).
             configured = [self._limits[s] for s in scopes if s in self._limits]
@@ -152,6 +174,16 @@ class KnownLimits:
             self._plans[key] = plan
             self._last_plan = (route, priority, plan)
         return plan
+
+    def answered(self, scope: str) -> None:
+        """A call admitted in ``scope``'s cold start has its answer: the cold start ends."""
+        with self._lock:
+            if scope in self._answered:
+                return
+            if len(self._answered) >= _PLAN_CACHE_SIZE:
+                self._answered.clear()
+            self._answered.add(scope)
+            self._forget_plans()
 
     def forget_plans(self) -> None:
         """Limits changed (configured, or learned): cached plans are stale."""
@@ -172,10 +204,16 @@ class KnownLimits:
 
         Only routes that can learn something ask (``plan.learnable``, known
         from the cached plan without hashing the route): limits where none
-        are configured, the provider's burst where no ``burst`` is.
+        are configured, the provider's burst where no ``burst`` is; a route
+        in its cold start reads on every admission.
         """
-        if not self.plan(route, priority).learnable:
+        plan = self.plan(route, priority)
+        if not plan.learnable:
             return None
+        if plan.cold_scope is not None:
+            # In the cold start every admission reads first: the moment another
+            # process learns the limits, this one admits by them too.
+            return LearnedOp(scopes=route.scopes) if self.shared else None
         return self.learned.refresh_op(route, now)
 
     def adopt(self, learned: Mapping[str, Mapping[str, float]] | None) -> None:

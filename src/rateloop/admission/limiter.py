@@ -51,7 +51,7 @@ from rateloop.admission.admit import MAX_BOOK_SECONDS, MIN_RETRY_AFTER, Admissio
 from rateloop.admission.backends import Backend, MemoryBackend, backend_from_url
 from rateloop.admission.feedback import Feedback
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.known import KnownLimits
+from rateloop.admission.known import COLD_START_CALLS, KnownLimits
 from rateloop.admission.profile import AccountingProfile
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.admission.runner import LOCAL_RETRY_SECONDS, BackendRunner
@@ -69,6 +69,8 @@ class AdmissionSettings(Protocol):
     def on_unreachable(self) -> Literal["fail_closed", "local"]: ...
     @property
     def local_share(self) -> float: ...
+    @property
+    def cold_start(self) -> int: ...
 
 
 class LimiterSettings(Protocol):
@@ -102,7 +104,13 @@ class Limiter:
         local_share: float = 1.0,
         aimd: AIMD | None = None,
         rng: random.Random | None = None,
+        cold_start: int = COLD_START_CALLS,
     ) -> None:
+        if type(cold_start) is not int or cold_start < 0:
+            raise ValueError(
+                f"cold_start must be a whole number of calls, 0 or more (0: no cold start), "
+                f"got {cold_start!r}"
+            )
         self.aimd = aimd or AIMD()
         self._runner = runner = BackendRunner(
             backend, clock=clock, on_unreachable=on_unreachable, local_share=local_share
@@ -110,7 +118,9 @@ class Limiter:
         self._clock = runner.clock
         rng = rng or random.Random()
         # Learned limits go through the backend when other processes share it.
-        self._known = known = KnownLimits(shared=not isinstance(runner.backend, MemoryBackend))
+        self._known = known = KnownLimits(
+            shared=not isinstance(runner.backend, MemoryBackend), cold_start=cold_start
+        )
         self._admissions = Admissions(known, runner, rng=rng, aimd=self.aimd)
         self._feedback = Feedback(
             known, runner.refusals, clock=runner.clock, rng=rng, aimd=self.aimd
@@ -130,6 +140,7 @@ class Limiter:
         local_share: float = 1.0,
         aimd: AIMD | None = None,
         rng: random.Random | None = None,
+        cold_start: int = COLD_START_CALLS,
         **options: Any,
     ) -> Limiter:
         """A limiter on the backend named by ``url`` (``memory://``, ``redis://...``).
@@ -147,6 +158,7 @@ class Limiter:
             local_share=local_share,
             aimd=aimd,
             rng=rng,
+            cold_start=cold_start,
         )
 
     @classmethod
@@ -172,6 +184,7 @@ class Limiter:
             clock=clock,
             on_unreachable=admission.on_unreachable,
             local_share=admission.local_share,
+            cold_start=admission.cold_start,
             **options,
         )
 

@@ -237,6 +237,7 @@ class AdmitPlan:
         "capacities",
         "ceilings",
         "checks",
+        "cold_scope",
         "fit_shares",
         "last",
         "learnable",
@@ -272,6 +273,8 @@ class AdmitPlan:
         self.lease_scope = self.lease_scopes[0] if self.lease_scopes else None
         self.profile = profile
         self.learnable = False  # no scope has configured limits: learned ones may apply
+        #: the provider scope whose cold start this plan keeps (see ``known.py``), or None
+        self.cold_scope: str | None = None
         self.ceilings = tuple(c.ceiling for c in checks)
         # A booking (a start ahead) fills a bucket above the class's share until it
         # starts: only a class whose share is the whole capacity may book, so a lower

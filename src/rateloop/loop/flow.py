@@ -311,6 +311,13 @@ class _Run:
     ) -> _Flow[None]:
         """Tell admission what the provider said: settle or release, observe, pause."""
         signal = attempted.signal
+        # The answer to a call admitted in its route's cold start (admission/known.py):
+        # learn what its headers say first, so that the settle ending the cold start
+        # leaves the limits they state, never a moment with none.
+        plan = getattr(reservation, "plan", None)  # a carried booking has none
+        early = plan is not None and plan.cold_scope is not None and bool(signal.observed)
+        if early:
+            yield Observe(observed_scope(signal, route), signal)
         if reservation is not None:
             if signal.kind is not Kind.OK:
                 yield Release(reservation)  # the request still counts
@@ -325,7 +332,7 @@ class _Run:
         # The provider speaks for the scope it limits (the project), every tenant
         # included; a tool the call used speaks for the tool's own scope.
         scope = observed_scope(signal, route)
-        if signal.observed or signal.kind is Kind.TEMPORARY:
+        if (signal.observed or signal.kind is Kind.TEMPORARY) and not early:
             yield Observe(scope, signal)
         wall = self.clock.now()
         until = pause_until(signal, wall)
