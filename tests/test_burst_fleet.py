@@ -117,7 +117,7 @@ def test_no_cold_start_where_limits_are_configured() -> None:
 def test_cold_start_is_validated() -> None:
     with pytest.raises(ValueError, match=r"cold_start .* got -1"):
         Limiter(cold_start=-1)
-    with pytest.raises(ConfigError, match="admission.cold_start"):
+    with pytest.raises(ConfigError, match=r"admission\.cold_start"):
         Policy.from_dict({"admission": {"cold_start": "many"}})
     assert Policy.from_dict({"admission": {"cold_start": 0}}).admission.cold_start == 0
 

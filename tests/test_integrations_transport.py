@@ -357,7 +357,7 @@ def test_bad_transport_options_are_refused_with_the_allowed_values() -> None:
         rateloop.openai_client(api_key="k", max_retries=2)
 
 
-# --- first contact ------------------------------------------------------------------------
+# --- the cold start (the limiter's, on every door) -------------------------------------
 
 LIMIT_HEADERS = {
     "x-ratelimit-limit-requests": "600",
@@ -366,20 +366,27 @@ LIMIT_HEADERS = {
 }
 
 
-def test_on_an_unknown_scope_the_first_request_goes_alone(server: ScriptedProvider) -> None:
+def _started_before_first_answer(server: ScriptedProvider) -> int:
+    return [kind for kind, _ in server.log].index("answer")
+
+
+def test_on_an_unknown_scope_a_few_requests_go_first(server: ScriptedProvider) -> None:
+    """The door's default limiter lets ``cold_start`` (8) requests of a scope it knows
+    nothing about go before the first answer; the rest wait for what it teaches.  Real
+    clock: the waiting requests poll their cold-start slot until an answer frees it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    server.add(Step(200, LIMIT_HEADERS, stall=0.3))
-    server.default = Step(200, LIMIT_HEADERS)
-    client = _client(server, FakeClock())
-    with ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(lambda _: _call(client), range(8)))
-    assert len(replies) == 8 and server.count() == 8
-    # Nobody else reached the server while the probe was in flight.
-    assert server.log[:2] == [("start", 0), ("answer", 0)]
+    server.default = Step(200, LIMIT_HEADERS, stall=0.2)
+    client = rateloop.openai_client(base_url=server.url + "/v1", api_key="sk-test-key",
+                                    timeout=10.0)
+    server.keep(client)
+    with ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(lambda _: _call(client), range(12)))
+    assert len(replies) == 12 and server.count() == 12
+    assert _started_before_first_answer(server) == 8
 
 
-def test_the_async_transport_probes_first_too(server: ScriptedProvider) -> None:
+def test_the_async_transport_keeps_the_cold_start_too(server: ScriptedProvider) -> None:
     import asyncio
 
     server.add(Step(200, LIMIT_HEADERS, stall=0.3))
@@ -387,7 +394,8 @@ def test_the_async_transport_probes_first_too(server: ScriptedProvider) -> None:
 
     async def main() -> None:
         client = rateloop.async_openai_client(
-            base_url=server.url + "/v1", api_key="sk-test-key", clock=FakeClock(), timeout=10.0
+            base_url=server.url + "/v1", api_key="sk-test-key", timeout=10.0,
+            limiter=Limiter(cold_start=1),
         )
         try:
             await asyncio.gather(*(

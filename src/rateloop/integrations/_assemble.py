@@ -10,9 +10,10 @@ the doors cannot differ.  The defaults, for a door given nothing:
   ``loop=``), :func:`admission` builds one from the policy's ``[admission]``
   table (in memory by default) with the policy's ``[limits]`` (none by
   default).  It learns the provider's limits from the headers of every
-  answer and from its 429s, and the first request on a scope it knows
-  nothing about goes alone (first contact).  A limiter, loop or policy the
-  user passes is used as given.
+  answer and from its 429s; on a scope it knows nothing about, a few calls
+  go first and the others wait for an answer (its cold start,
+  ``[admission] cold_start``).  A limiter, loop or policy the user passes is
+  used as given.
 - **The SDK's retries off** (:data:`SDK_RETRIES`): every SDK client built
   here gets ``max_retries=0``, since stacked retries multiply and the loop
   owns them; a ready client refuses ``max_retries=`` and ``http_client=``
@@ -24,7 +25,9 @@ the doors cannot differ.  The defaults, for a door given nothing:
 
 A framework that only asks before a call and tells after it (LangChain's
 rate limiter) cannot run the loop around the request; it still gets the
-same limiter and the same first contact, and :func:`learn_from_answer` /
+same limiter (and, since it cannot see whether an answer carried headers,
+its own first contact: :mod:`~rateloop.integrations._probe`), and
+:func:`learn_from_answer` /
 :func:`learn_from_refusal` tell that limiter what the provider said, as
 the loop does after each attempt (observe the headers; on a refusal,
 observe it and pause the scope for the server's minimum).
@@ -81,7 +84,6 @@ LOOP_OPTIONS = (
     "max_body_bytes",
     "first_byte_timeout",
     "idle_timeout",
-    "probe_timeout",
 )
 
 

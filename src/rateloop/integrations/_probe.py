@@ -1,17 +1,21 @@
-"""First contact: until a scope's limits are known, one request probes alone.
+"""First contact for the LangChain adapter: until a route's limits are known, one call probes.
 
 Why: zero-config admission learns a provider's limits from the headers of
-its answers.  Before the first answer it knows nothing, so a program that
-starts 50 calls at once would send all 50 and take a 429 for every one past
-the provider's burst (and with OpenAI each refused request still spends a
-slot).  So the first request on a scope the limiter knows nothing about
-goes alone; the others wait for its answer (any answer, or its failure),
-then go through admission with what it taught.  A scope with configured
-limits, or once probed, is never gated again.
+its answers, and the limiter's own cold start (``admission/known.py``) lets a
+few calls go before the first answer, then admits by what it taught -- or,
+when the answer carried no rate-limit headers, without limits.  LangChain's
+rate-limiter hook only sees an answer's headers when the model includes them
+(``ChatOpenAI(include_response_headers=True)``); without them it cannot tell
+"the provider states no limits" from "the model hid them", so this adapter
+keeps a stricter gate: the first call on a route the limiter knows nothing
+about goes alone, the others wait for its end, and an answer that taught
+nothing hands the turn to the next call, until headers or a refusal state
+the limits.  The HTTP doors (the transports) see every header and rely on the
+limiter's cold start alone.
 
-:class:`FirstContact` is the bookkeeping (thread-safe, no waiting); the
-sync transport waits on a ``threading.Event``, the async one on an
-``asyncio.Event`` made on its own loop.
+:class:`FirstContact` is the bookkeeping (thread-safe, no waiting); the sync
+side waits on a ``threading.Event``, the async one on an ``asyncio.Event``
+made on its own loop.
 """
 
 from __future__ import annotations

@@ -6,11 +6,10 @@ request it reads the loop's view of the call (:func:`read_request`: route,
 cost, model call or not), then runs the loop with an *attempt* — a callable
 that sends the request through the inner transport — as the loop's ``fn``:
 
-0. **First contact**: on a scope the limiter knows nothing about, one
-   request goes alone and the others wait for its answer, which teaches
-   the limits (:mod:`rateloop.integrations._probe`).
 1. **Admit**: the loop reserves the cost on the route's scopes before each
-   attempt and waits for capacity as the policy allows.
+   attempt and waits for capacity as the policy allows (on a scope the
+   limiter knows nothing about, a few requests go first and the others wait
+   for an answer, which teaches the limits: the limiter's cold start).
 2. **Attempt**: the inner transport sends the request.  A ``2xx`` event
    stream is handed over after its status and headers (its body belongs to
    the caller and is never replayed); every other body is read in full,
@@ -52,7 +51,6 @@ from rateloop.integrations._body import (
     envelope_error,
     signal_of_error_text,
 )
-from rateloop.integrations._probe import FirstContact
 from rateloop.integrations._request import RequestPlan, body_at_tier, read_request
 from rateloop.integrations._stream import (
     AsyncStreamBody,
@@ -143,7 +141,6 @@ class _Settings:
     max_body_bytes: int
     first_byte_timeout: float
     idle_timeout: float
-    probe_timeout: float
 
 # --- one request through the loop ------------------------------------------------------
 
@@ -357,14 +354,12 @@ class TransportBase:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         first_byte_timeout: float = 60.0,
         idle_timeout: float = 30.0,
-        probe_timeout: float = 120.0,
     ) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, got {enabled!r}")
         for name, value in (
             ("first_byte_timeout", first_byte_timeout),
             ("idle_timeout", idle_timeout),
-            ("probe_timeout", probe_timeout),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -384,9 +379,7 @@ class TransportBase:
             max_body_bytes=max_body_bytes,
             first_byte_timeout=float(first_byte_timeout),
             idle_timeout=float(idle_timeout),
-            probe_timeout=float(probe_timeout),
         )
-        self.first_contact = FirstContact()
         # The transport runs a plain loop: the stream's hand-over is the public
         # ``keep_reservation`` hook and the envelope reading a ``classify`` (no override).
         driver = AsyncRateLoop if self.is_async else RateLoop
@@ -453,14 +446,7 @@ class TransportBase:
         attempt = _SyncAttempt(self, request, plan)
         loop = self.loop
         assert isinstance(loop, RateLoop)
-        role = self.first_contact.role(plan.route, loop.limiter)
-        if role == "wait":
-            self.first_contact.wait(plan.route, self.settings.probe_timeout)
-        try:
-            outcome = loop.call(attempt, route=plan.route, **self._options(plan))
-        finally:
-            if role == "probe":
-                self.first_contact.finish(plan.route)
+        outcome = loop.call(attempt, route=plan.route, **self._options(plan))
         return attempt.finish(outcome)
 
     async def _send_async(self, request: Any) -> Any:
@@ -471,14 +457,7 @@ class TransportBase:
         attempt = _AsyncAttempt(self, request, plan)
         loop = self.loop
         assert isinstance(loop, AsyncRateLoop)
-        role = self.first_contact.role(plan.route, loop.limiter)
-        if role == "wait":
-            await self.first_contact.await_probe(plan.route, self.settings.probe_timeout)
-        try:
-            outcome = await loop.call(attempt, route=plan.route, **self._options(plan))
-        finally:
-            if role == "probe":
-                self.first_contact.finish(plan.route)
+        outcome = await loop.call(attempt, route=plan.route, **self._options(plan))
         return attempt.finish(outcome)
 
     def _options(self, plan: RequestPlan) -> CallOptions:
