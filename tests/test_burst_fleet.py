@@ -108,6 +108,20 @@ def test_the_cold_start_ends_at_the_first_answer_even_without_headers() -> None:
         r.settle(0, 0)  # type: ignore[union-attr]
 
 
+def test_the_cold_start_ends_after_thirty_seconds_without_an_answer() -> None:
+    """A first answer that takes longer (an agent's long step) is not waited for."""
+    clock = FakeClock()
+    limiter = Limiter(clock=clock, cold_start=2)
+    held = [limiter.try_reserve(OPENAI, Cost()) for _ in range(2)]
+    assert isinstance(limiter.try_reserve(OPENAI, Cost()), Denied)
+    clock.advance(29.0)
+    assert isinstance(limiter.try_reserve(OPENAI, Cost()), Denied)
+    clock.advance(1.0)
+    assert all(isinstance(limiter.try_reserve(OPENAI, Cost()), Reservation) for _ in range(20))
+    for r in held:
+        r.settle(0, 0)  # type: ignore[union-attr]
+
+
 def test_no_cold_start_where_limits_are_configured() -> None:
     limiter = Limiter(limits={"openai:gpt-5": LimitSpec(requests_per_minute=6_000, burst=1.0)},
                       clock=FakeClock(), cold_start=2)

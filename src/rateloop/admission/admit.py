@@ -110,6 +110,10 @@ class Admissions:
         the whole operation when no lease id makes each one unique).
         """
         plan = self._known.plan(route, priority)
+        if plan.cold_scope is not None and self._known.cold_expired(
+            plan.cold_scope, self._clock.monotonic()
+        ):
+            plan = self._known.plan(route, priority)  # the cold start just ended
         last = plan.last
         if last[0] is cost:
             _, amounts, allowed, op = last

@@ -14,8 +14,9 @@ configured, nothing learned yet -- would send every call at once, and a
 fleet's first wave can be larger than the provider's bucket: its first
 answers would be 429s.  Until the route's provider scope has answered once in
 this process (:meth:`KnownLimits.answered`: the first settle or release of a
-call admitted cold), at most ``cold_start`` calls of it are in flight (a
-concurrency check on the provider scope, shared through the backend).  The
+call admitted cold), or for at most :data:`COLD_START_SECONDS`, at most
+``cold_start`` calls of it are in flight (a concurrency check on the provider
+scope, shared through the backend).  The
 first answer's headers teach the limits and the burst, and a provider that
 sends none is not limited after it.
 """
@@ -42,6 +43,9 @@ log = logging.getLogger("rateloop.admission")
 _NO_PLAN = AdmitPlan((), (), Priority.INTERACTIVE)
 #: Calls of a route with no known limits in flight at once until its provider answers.
 COLD_START_CALLS = 8
+#: ... and at most this long after the route's first cold admission in this process: a
+#: first answer that takes longer (an agent's long step) comes too late to be worth the wait.
+COLD_START_SECONDS = 30.0
 #: A cold-start slot a process never gave back (it died) is free again after this.
 _COLD_START_TTL = 120.0
 _PLAN_CACHE_SIZE = 4096
@@ -59,6 +63,7 @@ class KnownLimits:
         self._lock = threading.Lock()
         self.cold_start = cold_start
         self._answered: set[str] = set()  # provider scopes past their cold start
+        self._cold_since: dict[str, float] = {}  # provider scope -> its first cold admission
         self._limits: dict[str, LimitSpec] = {}
         self.shared = shared
         self.learned = Learned(self._limits.__contains__, shared=shared)
@@ -178,12 +183,24 @@ class KnownLimits:
     def answered(self, scope: str) -> None:
         """A call admitted in ``scope``'s cold start has its answer: the cold start ends."""
         with self._lock:
+            self._cold_since.pop(scope, None)
             if scope in self._answered:
                 return
             if len(self._answered) >= _PLAN_CACHE_SIZE:
                 self._answered.clear()
             self._answered.add(scope)
             self._forget_plans()
+
+    def cold_expired(self, scope: str, now: float) -> bool:
+        """True when ``scope``'s cold start has lasted :data:`COLD_START_SECONDS`: it ends."""
+        with self._lock:
+            if len(self._cold_since) >= _PLAN_CACHE_SIZE:
+                self._cold_since.clear()
+            since = self._cold_since.setdefault(scope, now)
+        if now - since < COLD_START_SECONDS:
+            return False
+        self.answered(scope)
+        return True
 
     def forget_plans(self) -> None:
         """Limits changed (configured, or learned): cached plans are stale."""
