@@ -154,6 +154,7 @@ class AdmissionPolicy:
     backend: str = "memory://"
     on_unreachable: Literal["fail_closed", "local"] = "fail_closed"
     local_share: float = 1.0
+    local_lease_secs: float | None = None
 
     def __post_init__(self) -> None:
         errors = _check(self, _table_paths("admission", SCHEMA["admission"]))
@@ -163,7 +164,8 @@ class AdmissionPolicy:
     def __repr__(self) -> str:
         return (
             f"AdmissionPolicy(backend={redact_url(self.backend)!r}, "
-            f"on_unreachable={self.on_unreachable!r}, local_share={self.local_share!r})"
+            f"on_unreachable={self.on_unreachable!r}, local_share={self.local_share!r}, "
+            f"local_lease_secs={self.local_lease_secs!r})"
         )
 
 

@@ -36,19 +36,21 @@ from rateloop.admission.plan import (
     AdmitOp,
     AdmitPlan,
     AdmitResult,
+    BorrowOp,
     Check,
     CheckKind,
     ObserveOp,
     PauseOp,
     PauseResult,
     Refused,
+    ReturnOp,
     SettleOp,
 )
 from rateloop.signal import Dimension
 
 __all__ = ["EncodedPlan", "RedisCodec", "ScriptCall"]
 
-_SCRIPTS = ("pause", "observe", "learned")  # admit, settle: one script per shape
+_SCRIPTS = ("pause", "observe", "learned", "lease_return")  # admit, settle: one per shape
 
 _new_tuple = tuple.__new__
 
@@ -132,6 +134,10 @@ class RedisCodec:
             return self._encode_admit(op, packed)
         if isinstance(op, SettleOp):
             return self._encode_settle(op, packed)
+        if isinstance(op, BorrowOp):
+            return self._encode_borrow(op)
+        if isinstance(op, ReturnOp):
+            return self._encode_return(op)
         if isinstance(op, PauseOp):
             keys, args = [self.key(STATE, op.scope)], [_fmt(op.seconds), op.reason]
             if self.history:
@@ -208,6 +214,59 @@ class RedisCodec:
         if op.lease_id is None:
             self._last_admit = (op, command)
         return ScriptCall(encoded.script, encoded.keys, [], encoded.decode, command)
+
+    def _encode_borrow(self, op: BorrowOp) -> ScriptCall:
+        """The plan's borrowing script (``admit.lua`` with its borrow sections), unpacked:
+        a lease's borrow is off the hot path.  Answers ``(AdmitResult, k)``."""
+        inner = op.op
+        encoded = self.encoded(inner.plan)
+        shape = shape_of(inner.plan, encoded.numbers, len(encoded.scopes))
+        history = self.history
+        script = self._script(
+            ("borrow", shape, history),
+            lambda sh: admit_script(sh, history=history, borrow=True),
+            shape,
+        )
+        args: list[Any] = [_fmt(inner.aimd.recover_per_second), _fmt(inner.book)]
+        if inner.plan.lease_scopes:
+            args.append(inner.lease_id or "-")
+        for amount, allowed, const in zip(inner.amounts, inner.allowed, encoded.consts):  # noqa: B905
+            args += [_fmt(amount), _fmt(allowed), const]
+        args.append(_fmt(op.most))
+        plain, scopes = encoded.decode, encoded.scopes
+
+        def decode(reply: Any) -> tuple[AdmitResult, float]:
+            if reply.__class__ is not int and int(reply[0]) == 3:  # granted, k more borrowed
+                granted = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, 0.0,
+                           _refused(reply[3], scopes))
+                return _new_tuple(AdmitResult, granted), float(reply[2])
+            return plain(reply), 0.0
+
+        return ScriptCall(script, encoded.keys, args, decode)
+
+    def _encode_return(self, op: ReturnOp) -> ScriptCall:
+        """``lease_return.lua``: the state hash of each scope (and its history base)."""
+        scopes = tuple(dict.fromkeys(c.scope for c in op.checks))
+        index = {scope: i + 1 for i, scope in enumerate(scopes)}
+        keys = [self.key(STATE, scope) for scope in scopes]
+        if self.history:
+            keys += [self.key(HISTORY, scope) for scope in scopes]
+        args: list[Any] = [
+            _fmt(op.aimd.recover_per_second),
+            _fmt(op.since),
+            "1" if self.history else "0",
+            str(HISTORY_TTL_SECONDS),
+        ]
+        for check, borrowed, left in zip(op.checks, op.borrowed, op.left, strict=True):
+            args += [
+                str(index[check.scope]),
+                check.dimension.value,
+                _fmt(check.rate),
+                "1" if check.scaled else "0",
+                _fmt(borrowed),
+                _fmt(left),
+            ]
+        return ScriptCall(self._scripts["lease_return"], keys, args, _returned)
 
     def _script(self, key: Any, make: Callable[[Any], str], shape: Any) -> Script:
         """The generated script of a shape (``make(shape)``), built once per backend."""
@@ -380,6 +439,11 @@ def _refused_until(text: Any) -> float:
 def _observed(reply: Any) -> tuple[float, float]:
     """observe.lua's answer: ``(factor, refused_until)``."""
     return float(reply[0]), _refused_until(reply[1])
+
+
+def _returned(reply: Any) -> tuple[float, tuple[float, ...]]:
+    """lease_return.lua's answer: ``(now, given back per bucket)``."""
+    return int(reply[0]) / 1e6, tuple(float(x) for x in reply[1:])
 
 
 def _constant(check: Check) -> float:
