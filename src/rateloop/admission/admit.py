@@ -197,7 +197,7 @@ class Admissions:
         except BaseException:  # an error, a cancellation, the flow closed: no answer
             leases.abandon(send)
             raise
-        outcome = self.admit_outcome(route, cost, leases.borrowed(done, sent))
+        outcome = self.admit_outcome(route, cost, leases.borrowed(send, done, sent))
         leases.decided(op, outcome, sent)
         return outcome
 

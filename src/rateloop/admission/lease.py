@@ -274,25 +274,32 @@ class Leases:
             if slot is not None:
                 slot.borrowing = -math.inf
 
-    def borrowed(self, done: tuple[Any, Any, bool], sent: float) -> tuple[Any, Any, bool]:
-        """The backend's answer to what :meth:`borrow` gave, as an admission's.
+    def borrowed(
+        self, send: object, done: tuple[Any, Any, bool], sent: float
+    ) -> tuple[Any, Any, bool]:
+        """The backend's answer to ``send`` (what :meth:`borrow` gave), as an admission's.
 
         A grant that borrowed ``k > 0`` more becomes the plan's lease
-        (``sent``: the monotonic time before the borrow was sent).
+        (``sent``: the monotonic time before the borrow was sent).  A borrow
+        the local fallback ran was the call alone (it lends nothing).
         """
+        if type(send) is not BorrowOp:
+            return done
+        slot = self._slot(send.op.plan)
         result, ran, local = done
-        if type(ran) is not BorrowOp:
+        if type(ran) is not BorrowOp:  # run by the local fallback: the call alone
+            if slot is not None:
+                slot.borrowing = -math.inf
             return done
         answer: AdmitResult = result[0]
         k: float = result[1]
         inner: AdmitOp = ran.op
-        slot = self._slot(inner.plan)
         if slot is None:
             return answer, inner, local
         now = self._clock.monotonic()
         with self._lock:
             slot.borrowing = -math.inf
-            if k > 0 and answer.granted and not local and not answer.starts_in:
+            if k > 0 and answer.granted and not answer.starts_in:
                 borrowed = tuple(k * a for a in inner.amounts)
                 slot.lease = Lease(
                     self, inner.plan, borrowed, list(borrowed), answer.now, now,
@@ -307,7 +314,8 @@ class Leases:
             return
         with self._lock:
             if isinstance(outcome, Reservation):
-                slot.denied = None
+                if not outcome.starts_in:  # it fits now: the denial is over
+                    slot.denied = None
             elif not outcome.never_fits:
                 slot.denied = outcome
                 slot.denied_until = sent + outcome.retry_after
