@@ -288,6 +288,17 @@ def test_close_gives_back_what_is_left_so_other_processes_can_use_it() -> None:
     assert grants(c, 10) == 2
 
 
+def test_a_lease_that_has_drained_gives_nothing_back() -> None:
+    clock = FakeClock()
+    _, (a, b) = fleet(2, clock)
+    grants(a, 3)  # 5 in use, 2 of them in a's lease
+    clock.advance(0.5)  # all 5 have drained: the bucket is empty again
+    assert grants(b, 20) == 10  # b fills it
+    a.close()  # what is left of a's lease drained long ago: nothing to give back
+    clock.advance(0.1)
+    assert grants(b, 20) == 1  # one unit's refill, no more
+
+
 def test_async_twins_share_the_leases() -> None:
     clock = FakeClock()
     backend, (a,) = fleet(1, clock)
