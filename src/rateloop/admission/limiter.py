@@ -19,6 +19,7 @@ backend again after :data:`LOCAL_RETRY_SECONDS` (``runner.py``).
 private state with them.  The arrows point one way::
 
     Limiter ──> Admissions ──> KnownLimits
+       │            ├────────> Leases ──> Refusals (local leases, when on)
        │            └────────> BackendRunner ──> Refusals, Backend
        └──────> Feedback ────> KnownLimits, Refusals
 
