@@ -157,14 +157,19 @@ class Lease:
 
 @dataclass(slots=True, eq=False)
 class _Slot:
-    """A leasable plan's lease, the borrow under way and the denial remembered."""
+    """A leasable plan's lease, the borrow under way and the denial remembered.
+
+    Its own lock guards taking from the lease and starting a borrow (threads
+    on different plans never wait for each other); ``lease`` and ``denied``
+    are each replaced whole, so reading them needs no lock.
+    """
 
     lease: Lease | None = None
     borrowing: float = -math.inf  # monotonic: a borrow was sent and is not answered before it
     served: int = 0  # calls granted from leases since the last borrow
-    denied: Denied | None = None
-    denied_until: float = -math.inf
-    denied_amounts: tuple[float, ...] = field(default=())
+    #: The backend's denial, until when it holds (monotonic), for amounts at least these.
+    denied: tuple[Denied, float, tuple[float, ...]] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 #: ``_slots.get``'s default: a plan not seen yet.
@@ -177,7 +182,7 @@ class Leases:
     The admission flows (``admit.py``) ask :meth:`take` first, send what
     :meth:`borrow` gives, and pass the answer through :meth:`borrowed`;
     :meth:`decided` remembers denials; :meth:`returns` is what closing gives
-    back.  One lock guards every slot: each step is a few comparisons.
+    back.  Each plan's slot has its own lock: each step is a few comparisons.
     """
 
     def __init__(
@@ -217,13 +222,15 @@ class Leases:
             return None
         now = self._clock.monotonic()
         amounts = op.amounts
-        with self._lock:
-            lease = slot.lease
-            if lease is not None:
-                if now >= lease.expires or self._refusals.before(
+        if slot.lease is not None:
+            with slot.lock:
+                lease = slot.lease
+                if lease is None:
+                    pass
+                elif now >= lease.expires or self._refusals.before(
                     plan.scopes, lease.backend_now(now), False
                 ):
-                    slot.lease = lease = None
+                    slot.lease = None
                 else:
                     left = lease.left
                     if all(a <= x + _SLACK * a for a, x in zip(amounts, left)):  # noqa: B905
@@ -233,19 +240,20 @@ class Leases:
                         slot.served += 1
                         at = lease.backend_now(now)
                         return Reservation(lease, route, cost, plan, None, at, False)
-            denied = slot.denied
-            if (
-                denied is not None
-                and not op.book
-                and now < slot.denied_until
-                and all(map(ge, amounts, slot.denied_amounts))
-            ):
-                return Denied(
-                    retry_after=max(slot.denied_until - now, 0.001),
-                    scope=denied.scope,
-                    dimension=denied.dimension,
-                    reason=denied.reason,
-                )
+        denied = slot.denied
+        if (
+            denied is not None
+            and not op.book
+            and now < denied[1]
+            and all(map(ge, amounts, denied[2]))
+        ):
+            held = denied[0]
+            return Denied(
+                retry_after=max(denied[1] - now, 0.001),
+                scope=held.scope,
+                dimension=held.dimension,
+                reason=held.reason,
+            )
         return None
 
     def borrow(self, op: AdmitOp) -> AdmitOp | BorrowOp:
@@ -259,7 +267,7 @@ class Leases:
         if slot is None:
             return op
         now = self._clock.monotonic()
-        with self._lock:
+        with slot.lock:
             if slot.borrowing > now:
                 return op
             slot.borrowing = now + self.lifetime  # cleared by the answer (or it expires)
@@ -296,15 +304,13 @@ class Leases:
         inner: AdmitOp = ran.op
         if slot is None:
             return answer, inner, local
-        now = self._clock.monotonic()
-        with self._lock:
-            slot.borrowing = -math.inf
-            if k > 0 and answer.granted and not answer.starts_in:
-                borrowed = tuple(k * a for a in inner.amounts)
-                slot.lease = Lease(
-                    self, inner.plan, borrowed, list(borrowed), answer.now, now,
-                    sent + self.lifetime,
-                )
+        if k > 0 and answer.granted and not answer.starts_in:
+            borrowed = tuple(k * a for a in inner.amounts)
+            now = self._clock.monotonic()
+            slot.lease = Lease(
+                self, inner.plan, borrowed, list(borrowed), answer.now, now, sent + self.lifetime
+            )
+        slot.borrowing = -math.inf
         return answer, inner, local
 
     def decided(self, op: AdmitOp, outcome: Reservation | Denied, sent: float) -> None:
@@ -312,14 +318,11 @@ class Leases:
         slot = self._slot(op.plan)
         if slot is None:
             return
-        with self._lock:
-            if isinstance(outcome, Reservation):
-                if not outcome.starts_in:  # it fits now: the denial is over
-                    slot.denied = None
-            elif not outcome.never_fits:
-                slot.denied = outcome
-                slot.denied_until = sent + outcome.retry_after
-                slot.denied_amounts = op.amounts
+        if isinstance(outcome, Reservation):
+            if not outcome.starts_in:  # it fits now: the denial is over
+                slot.denied = None
+        elif not outcome.never_fits:
+            slot.denied = (outcome, sent + outcome.retry_after, op.amounts)
 
     def absorb(self, lease: Lease, op: SettleOp) -> float | None:
         """Settle ``op`` into ``lease`` if it lives and holds any overrun; its backend time.
@@ -329,8 +332,10 @@ class Leases:
         """
         now = self._clock.monotonic()
         slot = self._slots.get(lease.plan)
-        with self._lock:
-            if slot is None or slot.lease is not lease or now >= lease.expires:
+        if slot is None:
+            return None
+        with slot.lock:
+            if slot.lease is not lease or now >= lease.expires:
                 return None
             index = lease.plan.checks.index
             changes = [(index(c), d) for c, d in zip(op.checks, op.deltas, strict=True)]
