@@ -3,8 +3,9 @@
 Usage::
 
     python bench/scale_bench.py [--processes 8] [--threads 16] [--rates 10000]
-        [--seconds 8] [--models 24] [--tenants 20] [--redis redis://127.0.0.1:6379/0]
-        [--no-cluster] [--cases rateloop,limits-moving,limits-sliding,ping,local]
+        [--seconds 8] [--models 24] [--tenants 20] [--per-second 10] [--lease-secs 1]
+        [--redis redis://127.0.0.1:6379/0] [--no-cluster]
+        [--cases rateloop,rateloop-leases,limits-moving,limits-sliding,ping,local]
         [--json out.json]
 
 ``processes`` x ``threads`` callers offer ``rate`` decisions per second in all,
@@ -12,8 +13,9 @@ paced open-loop: each thread has its own schedule (``threads x processes /
 rate`` apart, staggered) and, when it falls behind, calls at once to catch up.
 Every decision is for one of ``models x tenants`` tenant scopes, picked at
 random; the models are the keys' hash tags, so on the cluster the scopes spread
-over the shards.  Each tenant scope allows 10 requests a second (offered: about
-twice that), so about half the decisions are denials:
+over the shards.  Each tenant scope allows ``per-second`` requests a second (10 by
+default; offered at 10k/s: about twice that), so about half the decisions are
+denials:
 
 * **rateloop**: ``LimitSpec(requests_per_minute=600, burst=1/60)`` on each
   tenant scope -- a bucket of 10 refilled at 10/s; ``try_reserve`` on a route
@@ -21,6 +23,12 @@ twice that), so about half the decisions are denials:
   for a pause).  Its bound in any window of ``W`` seconds: ``10 + 10 W`` grants
   (docs/admission.md, "The bound"), checked on the Redis ``TIME`` each grant
   was decided at (``Reservation.granted_at``).
+* **rateloop-leases**: the same limiter with local leases (``local_lease_secs``,
+  ``--lease-secs``): most decisions are taken in the process, from capacity
+  borrowed in slices or a denial remembered.  Its bound is ``10 + 10 (W + L)``
+  (docs/admission.md, "Local leases"), checked on the limiter's times (a leased
+  grant's is the Redis time of its borrow plus the time since, never later than
+  Redis's); the windows over the plain ``10 + 10 W`` are reported beside it.
 * **limits-moving** / **limits-sliding**: `limits`' ``MovingWindowRateLimiter``
   / ``SlidingWindowCounterRateLimiter`` with ``10 per second`` per tenant key
   (one ``hit`` a decision), on its ``redis://`` and ``redis+cluster://``
@@ -35,7 +43,9 @@ twice that), so about half the decisions are denials:
   -- no shared limit, so its grants are not checked: the floor of a decision
   that needs no round trip (what one served from a local lease would cost).
 
-Reported per case: decisions achieved per second, latency per decision
+Reported per case (``over``: scopes with a window over the case's bound; ``>W``: for
+rateloop's cases, scopes with a window over ``capacity + rate x W``, which leases may
+pass by up to ``rate x L``): decisions achieved per second, latency per decision
 (``perf_counter`` around the call) p50 / p99 / p99.9 / max, the lateness of
 the answer against the schedule (p99: what an open-loop caller waits, queueing
 in the client included), the grants, and the over-admission check.  Server
@@ -75,9 +85,8 @@ from rateloop.admission.spec import LimitSpec
 from rateloop.route import Cost, Route
 from test_admission_stress_redis import max_window_excess
 
-PER_SECOND = 10  # each tenant scope: 10 requests a second
-SPEC = LimitSpec(requests_per_minute=PER_SECOND * 60, burst=1 / 60)  # capacity 10, 10/s
-CASES = ("rateloop", "limits-moving", "limits-sliding", "ping", "local")
+PER_SECOND = 10  # each tenant scope: 10 requests a second (--per-second)
+CASES = ("rateloop", "rateloop-leases", "limits-moving", "limits-sliding", "ping", "local")
 COST = Cost()
 
 Decide = Callable[[int], tuple[bool, float]]  # scope index -> (granted, decision time)
@@ -88,12 +97,29 @@ def scope_names(models: int, tenants: int) -> list[tuple[str, str]]:
     return [(f"m{m}", f"t{t}") for m in range(models) for t in range(tenants)]
 
 
-def make_decide(case: str, url: str, prefix: str, scopes: list[tuple[str, str]]) -> Decide:
+def spec_of(per_second: int) -> LimitSpec:
+    """A tenant scope's limits: ``per_second`` at once, refilled at ``per_second`` a second."""
+    return LimitSpec(requests_per_minute=per_second * 60, burst=1 / 60)
+
+
+def make_decide(
+    case: str,
+    url: str,
+    prefix: str,
+    scopes: list[tuple[str, str]],
+    per_second: int = PER_SECOND,
+    lease_secs: float = 1.0,
+) -> Decide:
     """One process's decision function for ``case`` (thread-safe, shared by its threads)."""
-    if case == "rateloop":
+    spec = spec_of(per_second)
+    if case in ("rateloop", "rateloop-leases"):
         routes = [Route(provider="scale", model=m, project="p", tenant=t) for m, t in scopes]
         limiter = Limiter.from_url(
-            url, prefix=prefix, limits={r.scope: SPEC for r in routes}, history=True
+            url,
+            prefix=prefix,
+            limits={r.scope: spec for r in routes},
+            history=True,
+            local_lease_secs=lease_secs if case == "rateloop-leases" else None,
         )
 
         def rateloop(i: int) -> tuple[bool, float]:
@@ -113,7 +139,7 @@ def make_decide(case: str, url: str, prefix: str, scopes: list[tuple[str, str]])
             else strategies.SlidingWindowCounterRateLimiter
         )
         limiter_ = kind(store)
-        item = RateLimitItemPerSecond(PER_SECOND)
+        item = RateLimitItemPerSecond(per_second)
         keys = [f"{m}:{t}" for m, t in scopes]
 
         def limits_hit(i: int) -> tuple[bool, float]:
@@ -124,7 +150,7 @@ def make_decide(case: str, url: str, prefix: str, scopes: list[tuple[str, str]])
         # Each process its own memory:// limiter: not a fleet-wide limit (so no grants are
         # checked), the floor of what a decision served from a local lease would cost.
         routes_ = [Route(provider="scale", model=m, project="p", tenant=t) for m, t in scopes]
-        local = Limiter.from_url("memory://", limits={r.scope: SPEC for r in routes_})
+        local = Limiter.from_url("memory://", limits={r.scope: spec for r in routes_})
 
         def in_process(i: int) -> tuple[bool, float]:
             local.try_reserve(routes_[i], COST)
@@ -190,10 +216,12 @@ def worker(
     start: Any,
     t0: Any,
     log: str,
+    per_second: int = PER_SECOND,
+    lease_secs: float = 1.0,
 ) -> None:
     """One process: ``threads`` callers sharing one limiter; results to ``log`` (JSON)."""
     scopes = scope_names(models, tenants)
-    decide = make_decide(case, url, prefix, [*scopes, ("warm", "warm")])
+    decide = make_decide(case, url, prefix, [*scopes, ("warm", "warm")], per_second, lease_secs)
     warm = len(scopes)  # a scope outside the checked ones: connections, scripts, caches
 
     def warm_up() -> None:
@@ -263,6 +291,8 @@ def run_case(
                 start,
                 t0,
                 logs[i],
+                args.per_second,
+                args.lease_secs,
             ),
         )
         for i in range(args.processes)
@@ -302,7 +332,7 @@ def run_case(
         "late_p99_ms": pct(late, 99) * 1e3,
         "server": server_delta(servers, after),
     }
-    out.update(over_admission(case, grants))
+    out.update(over_admission(case, grants, args.per_second, args.lease_secs))
     return out
 
 
@@ -312,33 +342,47 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(len(xs) * p / 100))]
 
 
-def over_admission(case: str, grants: list[tuple[Any, ...]]) -> dict[str, Any]:
+def over_admission(
+    case: str, grants: list[tuple[Any, ...]], per_second: int = PER_SECOND, lease: float = 0.0
+) -> dict[str, Any]:
     """The over-admission check of every scope's grants (see the module's docstring)."""
     by_scope: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
     for i, decided, before, after in grants:
         by_scope[int(i)].append((decided, before, after))
-    if case == "rateloop":
-        # On the limiter's own (server) times: capacity 10 + 10/s x window, every window.
+    if case.startswith("rateloop"):
+        # On the limiter's own (server) times: capacity + rate x window, every window; with
+        # leases, capacity + rate x (window + L).
+        held = lease if case == "rateloop-leases" else 0.0
+        cap = per_second * (1 + held)
         excess = [
-            max_window_excess([(d, 1.0) for d, _, _ in gs], PER_SECOND, PER_SECOND)
+            max_window_excess([(d, 1.0) for d, _, _ in gs], cap, per_second)
+            for gs in by_scope.values()
+        ]
+        plain = [
+            max_window_excess([(d, 1.0) for d, _, _ in gs], per_second, per_second)
             for gs in by_scope.values()
         ]
         worst = max(excess, default=-float("inf"))
         over = sum(1 for e in excess if e > 1e-9)
+        word = f"{per_second:g} + {per_second:g} (W + {held:g})" if held else (
+            f"{per_second:g} + {per_second:g} W"
+        )
         return {
-            "check": "10 + 10 W in every window (server times)",
+            "check": f"{word} in every window (server times)",
             "scopes_over": over,
             "worst_excess": worst,
+            "scopes_over_plain": sum(1 for e in plain if e > 1e-9),
+            "worst_excess_plain": max(plain, default=-float("inf")),
         }
     if case.startswith("limits"):
         over = 0
         worst = 0
         for gs in by_scope.values():
             most = certain_max_in_window([(b, a) for _, b, a in gs], 1.0)
-            worst = max(worst, most - PER_SECOND)
-            over += most > PER_SECOND
+            worst = max(worst, most - per_second)
+            over += most > per_second
         return {
-            "check": "<= 10 in any 1 s (certain, client clocks)",
+            "check": f"<= {per_second} in any 1 s (certain, client clocks)",
             "scopes_over": over,
             "worst_excess": worst,
         }
@@ -417,6 +461,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--models", type=int, default=24)
     parser.add_argument("--tenants", type=int, default=20)
+    parser.add_argument(
+        "--per-second", type=int, default=PER_SECOND, help="each tenant scope's limit per second"
+    )
+    parser.add_argument(
+        "--lease-secs", type=float, default=1.0, help="rateloop-leases: local_lease_secs"
+    )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-cluster", action="store_true", help="only the single Redis")
     parser.add_argument("--cases", default=",".join(CASES))
@@ -455,7 +505,7 @@ def main() -> None:
     print()
     print(
         f"{'target':10} {'case':15} {'offered':>7} {'achieved':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'p99.9 ms':>8} {'late p99':>8} {'grants':>7} {'over':>5}  server µs/call"
+        f"{'p99.9 ms':>8} {'late p99':>8} {'grants':>7} {'over':>5} {'>W':>4}  server µs/call"
     )
     for r in results:
         cmds = ", ".join(
@@ -466,7 +516,8 @@ def main() -> None:
         print(
             f"{r['target']:10} {r['case']:15} {r['offered']:>7.0f} {r['achieved']:>8.0f} "
             f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p999_ms']:>8.2f} "
-            f"{r['late_p99_ms']:>8.2f} {r['grants']:>7} {r['scopes_over']:>5}  {cmds}"
+            f"{r['late_p99_ms']:>8.2f} {r['grants']:>7} {r['scopes_over']:>5} "
+            f"{r.get('scopes_over_plain', '-')!s:>4}  {cmds}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -58,7 +58,7 @@ def test_defaults() -> None:
         max_step_output_bytes=10_000_000,
     )
     assert p.admission == AdmissionPolicy(
-        backend="memory://", on_unreachable="fail_closed", local_share=1.0
+        backend="memory://", on_unreachable="fail_closed", local_share=1.0, local_lease_secs=None
     )
     assert p.governance == Governance(locked=())
     assert Policy.from_dict({}) == p
@@ -139,6 +139,7 @@ EDGES: list[tuple[str, list[Any], list[Any], dict[str, Any]]] = [
     ),
     ("admission.on_unreachable", ["open", "fail-closed"], ["fail_closed", "local"], {}),
     ("admission.local_share", [0, -0.1, 1.0001, math.nan], [1e-9, 0.5, 1], {}),
+    ("admission.local_lease_secs", [0, -1, 60.001, math.nan, "1", True], [0.01, 1, 60, None], {}),
     ("fallback.max_cost_usd", [-0.01, "1", 1e6 + 1, 10**400], [0, 2.5, 1e6, None], {}),
     ("fallback.allowed_providers", ["openai", [1], [""]], [[], ["openai"], None], {}),
     ("fallback.data_class", ["", 3], ["pii", None], {}),
@@ -421,7 +422,11 @@ def test_docs_and_example_cover_every_key() -> None:
     example = Policy.from_toml(root / "examples" / "policy.toml")
     text = (root / "examples" / "policy.toml").read_text(encoding="utf-8")
     # Shown commented out: set, it would skip every fallback without the tag (the README's).
-    commented = {"fallback.data_class": '# data_class = "pii"'}
+    commented = {
+        "fallback.data_class": '# data_class = "pii"',
+        # Set, it would turn local leases on (off by default).
+        "admission.local_lease_secs": "# local_lease_secs = 0.5",
+    }
     for path in Policy().leaves():
         table, _, name = path.rpartition(".")
         assert f"`{name}`" in docs, path

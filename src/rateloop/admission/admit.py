@@ -30,7 +30,8 @@ from datetime import timedelta
 from rateloop.admission.gcra import AIMD, pause_spread
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.learning import LearnedOp
-from rateloop.admission.plan import AdmitOp, AdmitResult, Check, SettleOp
+from rateloop.admission.lease import Leases
+from rateloop.admission.plan import AdmitOp, AdmitResult, Check, ReturnOp, SettleOp
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
@@ -61,6 +62,7 @@ class Admissions:
         *,
         rng: random.Random,
         aimd: AIMD,
+        lease_secs: float | None = None,
     ) -> None:
         self._known = known
         self._runner = runner
@@ -71,6 +73,12 @@ class Admissions:
         # Lease ids: unique across processes (random prefix), cheap within one.
         self._lease_prefix = secrets.token_hex(6) + "-"
         self._lease_counter = itertools.count()
+        # Local leases (``lease.py``): capacity borrowed in slices, granted in the process.
+        self.leases = (
+            None
+            if lease_secs is None
+            else Leases(lease_secs, clock=runner.clock, refusals=runner.refusals, settler=self)
+        )
 
     # -- what a reservation calls back (the Settler protocol) ---------------------------
 
@@ -175,8 +183,35 @@ class Admissions:
         op = self.admit_op(route, cost, priority)
         if isinstance(op, Denied):
             return op
+        if self.leases is not None:
+            return (yield from self.lease_flow(route, cost, booked(op, book), deadline))
         done = yield Do(booked(op, book), deadline=deadline)
         return self.admit_outcome(route, cost, done)
+
+    def lease_flow(
+        self, route: Route, cost: Cost, op: AdmitOp, deadline: float | None = None
+    ) -> Flow[Reservation | Denied]:
+        """``op`` decided with local leases (``lease.py``): from a lease or a remembered
+        denial in the process, else on the backend, borrowing."""
+        leases = self.leases
+        assert leases is not None
+        local = leases.take(op, route, cost)
+        if local is not None:
+            return local
+        send = leases.borrow(op)
+        sent = self._clock.monotonic()
+        try:
+            done = yield Do(send, deadline=deadline)
+        except BaseException:  # an error, a cancellation, the flow closed: no answer
+            leases.abandon(send)
+            raise
+        outcome = self.admit_outcome(route, cost, leases.borrowed(send, done, sent))
+        leases.decided(op, outcome, sent)
+        return outcome
+
+    def returns(self) -> list[ReturnOp]:
+        """What closing gives back of the leases (none without leases)."""
+        return [] if self.leases is None else self.leases.returns()
 
     def _never_fits(self, check: Check, amount: float) -> Denied:
         return Denied(

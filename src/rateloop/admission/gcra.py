@@ -25,6 +25,13 @@ The effective rate of a scope's per-minute buckets is multiplied by an AIMD
 ``decrease`` (not below ``floor``, at most once per ``cooldown``), and it
 recovers linearly by ``recover_per_minute`` back to 1.
 
+A *local lease* (:mod:`rateloop.admission.lease`) borrows whole calls' worth
+of a bucket beyond the call that asks: :func:`lease_calls` is how many, a
+slice of the allowance that shrinks as the bucket fills (TensorZero's rule:
+25 % below half full, 10 % up to 80 %, 5 % above).  :func:`returnable` is how
+much of a lease's unused part may go back: only what cannot have drained
+since it was borrowed, so a return never credits capacity twice.
+
 The Redis backend carries the same arithmetic in Lua (``_common.lua``); the
 conformance suite runs the same tests against both.  Nothing here reads a
 clock: ``now`` is always passed in.
@@ -45,8 +52,10 @@ __all__ = [
     "day_window",
     "drained",
     "effective_factor",
+    "lease_calls",
     "lowered_factor",
     "pause_spread",
+    "returnable",
 ]
 
 DAY = 86_400.0
@@ -162,3 +171,37 @@ def pause_spread(remaining: float, unit: float) -> float:
     uniform random number in ``[0, 1)``.
     """
     return min(0.1 * max(0.0, remaining), 1.0) * unit
+
+
+#: A lease's slice of a bucket's allowance by how full the bucket is after the call that
+#: borrows: (fill below, slice), the last one for anything fuller.
+LEASE_SLICES = ((0.5, 0.25), (0.8, 0.10), (math.inf, 0.05))
+
+
+def lease_calls(used: float, allowed: float, amount: float) -> float:
+    """How many more calls of ``amount`` a lease may borrow from one bucket (whole, >= 0).
+
+    ``used`` is the bucket's level after the borrowing call itself, of the
+    ``allowed`` its class may fill.  The lease keeps to a slice of ``allowed``
+    that shrinks as the bucket fills (:data:`LEASE_SLICES`), and to the room
+    left.  A bucket the call takes nothing from does not limit it (``inf``).
+    ``_common.lua``'s ``lease_calls`` is the same arithmetic.
+    """
+    if amount <= 0.0:
+        return math.inf
+    slice_ = next(s for below, s in LEASE_SLICES if used < below * allowed)
+    return max(0.0, float(math.floor(min(slice_ * allowed, allowed - used) / amount)))
+
+
+def returnable(borrowed: float, left: float, rate: float, since: float, at: float) -> float:
+    """How much of a lease's unused ``left`` (of ``borrowed`` units) may go back at ``at``.
+
+    The lease's units were charged at ``since``; the bucket drains at most at
+    ``rate`` (its configured rate: an AIMD factor only slows it), so at ``at``
+    at least ``borrowed - rate * (at - since)`` of them are still in it.  Only
+    that much of ``left`` is given back: the bucket then holds what it would
+    hold had the unused units never been borrowed, or more -- never less, so
+    a return never lets a later call through that the bucket would not have
+    admitted without the lease (the bound of :mod:`rateloop.admission.lease`).
+    """
+    return min(left, max(0.0, borrowed - rate * max(0.0, at - since)))

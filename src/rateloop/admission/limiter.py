@@ -19,6 +19,7 @@ backend again after :data:`LOCAL_RETRY_SECONDS` (``runner.py``).
 private state with them.  The arrows point one way::
 
     Limiter ──> Admissions ──> KnownLimits
+       │            ├────────> Leases ──> Refusals (local leases, when on)
        │            └────────> BackendRunner ──> Refusals, Backend
        └──────> Feedback ────> KnownLimits, Refusals
 
@@ -38,6 +39,7 @@ This module holds construction and the public twins.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -52,10 +54,12 @@ from rateloop.admission.backends import Backend, MemoryBackend, backend_from_url
 from rateloop.admission.feedback import Feedback
 from rateloop.admission.gcra import AIMD
 from rateloop.admission.known import COLD_START_CALLS, KnownLimits
+from rateloop.admission.lease import lease_seconds
 from rateloop.admission.profile import AccountingProfile
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.admission.runner import LOCAL_RETRY_SECONDS, BackendRunner
 from rateloop.admission.spec import LimitSpec
+from rateloop.errors import BackendError
 from rateloop.route import Cost, Route
 from rateloop.signal import LimitSignal
 
@@ -71,6 +75,8 @@ class AdmissionSettings(Protocol):
     def local_share(self) -> float: ...
     @property
     def cold_start(self) -> int: ...
+    @property
+    def local_lease_secs(self) -> float | None: ...
 
 
 class LimiterSettings(Protocol):
@@ -105,6 +111,7 @@ class Limiter:
         aimd: AIMD | None = None,
         rng: random.Random | None = None,
         cold_start: int = COLD_START_CALLS,
+        local_lease_secs: float | None = None,
     ) -> None:
         if type(cold_start) is not int or cold_start < 0:
             raise ValueError(
@@ -121,7 +128,10 @@ class Limiter:
         self._known = known = KnownLimits(
             shared=not isinstance(runner.backend, MemoryBackend), cold_start=cold_start
         )
-        self._admissions = Admissions(known, runner, rng=rng, aimd=self.aimd)
+        # Local leases (``lease.py``, off by default): borrow in slices, decide in the process.
+        self._admissions = Admissions(
+            known, runner, rng=rng, aimd=self.aimd, lease_secs=lease_seconds(local_lease_secs)
+        )
         self._feedback = Feedback(
             known, runner.refusals, clock=runner.clock, rng=rng, aimd=self.aimd
         )
@@ -141,12 +151,16 @@ class Limiter:
         aimd: AIMD | None = None,
         rng: random.Random | None = None,
         cold_start: int = COLD_START_CALLS,
+        local_lease_secs: float | None = None,
         **options: Any,
     ) -> Limiter:
         """A limiter on the backend named by ``url`` (``memory://``, ``redis://...``).
 
         ``options`` go to the backend (for Redis: ``socket_timeout``,
-        ``socket_connect_timeout``, ...).
+        ``socket_connect_timeout``, ...).  ``local_lease_secs``: borrow capacity
+        in slices that live that long and decide most admissions in the process
+        (docs/admission.md, "Local leases"); None (the default): every
+        admission is one round trip.
         """
         clk = clock or system_clock
         backend = backend_from_url(url, clock=clk, prefix=prefix, **options)
@@ -159,6 +173,7 @@ class Limiter:
             aimd=aimd,
             rng=rng,
             cold_start=cold_start,
+            local_lease_secs=local_lease_secs,
         )
 
     @classmethod
@@ -185,6 +200,7 @@ class Limiter:
             on_unreachable=admission.on_unreachable,
             local_share=admission.local_share,
             cold_start=admission.cold_start,
+            local_lease_secs=admission.local_lease_secs,
             **options,
         )
 
@@ -261,6 +277,8 @@ class Limiter:
             return op
         if book_within is not None:
             op = booked(op, _book_seconds(book_within))
+        if admissions.leases is not None:
+            return self._runner.run(admissions.lease_flow(route, cost, op))
         return admissions.admit_outcome(route, cost, self._runner.execute(op))
 
     async def atry_reserve(
@@ -279,6 +297,8 @@ class Limiter:
             return op
         if book_within is not None:
             op = booked(op, _book_seconds(book_within))
+        if admissions.leases is not None:
+            return await self._runner.arun(admissions.lease_flow(route, cost, op))
         return admissions.admit_outcome(route, cost, await self._runner.aexecute(op))
 
     def try_book(
@@ -376,10 +396,19 @@ class Limiter:
         await self._runner.arun(self._feedback.observe_flow(scope, headers_or_signal))
 
     def close(self) -> None:
-        self._runner.backend.close()
+        """Give back what is left of the local leases, then close the backend."""
+        backend = self._runner.backend
+        for op in self._admissions.returns():
+            with contextlib.suppress(BackendError):  # unreachable: it drains instead
+                backend.execute(op)
+        backend.close()
 
     async def aclose(self) -> None:
-        await self._runner.backend.aclose()
+        backend = self._runner.backend
+        for op in self._admissions.returns():
+            with contextlib.suppress(BackendError):
+                await backend.aexecute(op)
+        await backend.aclose()
 
 
 @functools.cache

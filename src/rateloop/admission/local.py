@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.gcra import AIMD
-from rateloop.admission.plan import AdmitOp, AdmitPlan, Check, CheckKind, ObserveOp
+from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, Check, CheckKind, ObserveOp
 from rateloop.route import Priority
 from rateloop.signal import Dimension
 
@@ -63,7 +63,13 @@ def scaled_plan(plan: AdmitPlan, share: float) -> AdmitPlan:
 
 
 def scaled_op(op: object, share: float) -> object:
-    """``op`` as the local fallback runs it: its checks at ``share`` of their limits."""
+    """``op`` as the local fallback runs it: its checks at ``share`` of their limits.
+
+    A borrow is the call alone: the local fallback lends nothing (a lease is
+    shared capacity).
+    """
+    if type(op) is BorrowOp:
+        op = op.op
     if share >= 1.0:
         return op
     if isinstance(op, AdmitOp):

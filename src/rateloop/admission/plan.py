@@ -33,6 +33,7 @@ __all__ = [
     "AdmitOp",
     "AdmitPlan",
     "AdmitResult",
+    "BorrowOp",
     "Check",
     "CheckKind",
     "ObserveOp",
@@ -40,6 +41,7 @@ __all__ = [
     "PauseResult",
     "Priority",
     "Refused",
+    "ReturnOp",
     "SettleOp",
     "Tightening",
     "build_checks",
@@ -351,6 +353,36 @@ class AdmitOp(NamedTuple):
     lease_id: str | None
     aimd: AIMD
     book: float = 0.0
+
+
+class BorrowOp(NamedTuple):
+    """``op``, and when it is granted now, up to ``most`` more calls of its amounts: a lease.
+
+    The backend decides ``op`` as it would alone (booked, it borrows
+    nothing); granted now, it also charges ``k`` more times its amounts on
+    every bucket, ``k`` whole and at most ``most``, as many as
+    :func:`~rateloop.admission.gcra.lease_calls` allows on each bucket.  It
+    answers ``(AdmitResult, k)``.  Only plans of rate buckets borrow
+    (:mod:`rateloop.admission.lease`).
+    """
+
+    op: AdmitOp
+    most: float
+
+
+class ReturnOp(NamedTuple):
+    """Give back a lease's unused units: ``left[i]`` of ``borrowed[i]`` charged on ``checks[i]``.
+
+    ``since`` is the backend time they were charged at.  The backend gives
+    back only :func:`~rateloop.admission.gcra.returnable` of each, and
+    answers ``(now, given back per check)``.
+    """
+
+    checks: tuple[Check, ...]
+    borrowed: tuple[float, ...]
+    left: tuple[float, ...]
+    since: float
+    aimd: AIMD
 
 
 #: Refusals in force, per scope: ``((scope, until), ...)`` in the backend's time.

@@ -32,7 +32,7 @@ from rateloop._clock import Clock, system_clock
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.local import carry_ops, scaled_op
-from rateloop.admission.plan import AdmitOp, AdmitPlan, Refused, SettleOp
+from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, Refused, SettleOp
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -265,6 +265,8 @@ class BackendRunner:
 
     def _note_local(self, op: object, scaled: object) -> None:
         """Remember a plan admitted locally (its grants are carried back on return)."""
+        if type(op) is BorrowOp:  # run locally as the call alone (``scaled_op``)
+            op = op.op
         if type(op) is AdmitOp and type(scaled) is AdmitOp:
             plan = op.plan
             if id(plan) not in self._local_plans:

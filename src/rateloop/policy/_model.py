@@ -155,6 +155,7 @@ class AdmissionPolicy:
     on_unreachable: Literal["fail_closed", "local"] = "fail_closed"
     local_share: float = 1.0
     cold_start: int = 8
+    local_lease_secs: float | None = None
 
     def __post_init__(self) -> None:
         errors = _check(self, _table_paths("admission", SCHEMA["admission"]))
@@ -165,7 +166,7 @@ class AdmissionPolicy:
         return (
             f"AdmissionPolicy(backend={redact_url(self.backend)!r}, "
             f"on_unreachable={self.on_unreachable!r}, local_share={self.local_share!r}, "
-            f"cold_start={self.cold_start!r})"
+            f"cold_start={self.cold_start!r}, local_lease_secs={self.local_lease_secs!r})"
         )
 
 

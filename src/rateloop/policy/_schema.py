@@ -135,6 +135,7 @@ SCHEMA: Mapping[str, Mapping[str, Leaf]] = {
         "on_unreachable": _choice("fail_closed", "fail_closed", "local"),
         "local_share": _num("float", 1.0, 0, 1, lo_open=True),
         "cold_start": _num("int", 8, 0, 10_000),
+        "local_lease_secs": _num("float", None, 0, 60, _SECS, lo_open=True, optional=True),
     },
     "governance": {
         "locked": Leaf(

@@ -44,6 +44,16 @@ local function day_window(wall, offset)
   return index, (index + 1) * DAY + offset
 end
 
+-- How many more calls of `amount` a lease may borrow from a bucket whose level after the
+-- borrowing call is `used` of `allowed`: a slice of the allowance that shrinks as the bucket
+-- fills, within the room left (rateloop/admission/gcra.py's lease_calls).
+local function lease_calls(used, allowed, amount)
+  if amount <= 0 then return math.huge end
+  local slice = 0.05
+  if used < 0.5 * allowed then slice = 0.25 elseif used < 0.8 * allowed then slice = 0.1 end
+  return math.max(0, math.floor(math.min(slice * allowed, allowed - used) / amount))
+end
+
 local function factor_of(f, fs, now, recover)
   return math.min(1, num(f, 1) + math.max(0, now - num(fs, now)) * recover)
 end

@@ -19,6 +19,8 @@
 -- refused} when booked (only bucket levels made it wait, at most `book` seconds: the
 -- buckets are charged now and the call starts later); else
 -- {0, now, wait, scope_index, field, never_fits, paused, pause_reason, refused}.
+-- A borrowing script (a lease) takes one more argument, the most it borrows, and answers
+-- {3, now, k, refused} when it borrowed k more calls' worth.
 -- refused (' index until' for each scope whose 'e' is after now, '' for none): a refusal
 -- (a pause, a 429 observed) said the provider has nothing in *that* scope before then --
 -- a granted call gets {2, now, refused} while one is in force, so a process learns other
@@ -128,6 +130,27 @@ end
 local at, at_s = now, nil
 if wait > 0 then at = now + wait; at_s = fmt(at) else at_s = now_text(t) end
 
+--@borrow_open
+-- Borrowing (a local lease, rateloop/admission/lease.py): a call granted now also takes k
+-- more of its amounts on every bucket, k whole and at most ARGV[$m], as lease_calls allows
+-- on each.  Booked (wait > 0), it borrows nothing.
+local k = 0
+if wait == 0 then
+  k = tonumber(ARGV[$m])
+
+--@borrow_check
+  k = math.min(k, lease_calls(lv$i + am$i, al$i, am$i))
+
+--@borrow_none
+  k = 0  -- check $i is no bucket: nothing is borrowed
+
+--@borrow_take
+  if k < 1 then k = 0 end
+  if k > 0 then
+$more
+  end
+end
+
 --@write_open
 -- write scope $s
 do
@@ -158,6 +181,9 @@ end
 -- the history of scope $s (rateloop/admission/history.py): one admission, its units and
 -- the limits in force
 history(KEYS[$h], now, {'+', 'a', 1$ops}, $keep)
+
+--@borrow_reply
+if k > 0 then return {3, now_us, k, ru} end
 
 --@reply
 if wait > 0 then return {1, now_us, fmt(wait), ru} end

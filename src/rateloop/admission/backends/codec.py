@@ -36,19 +36,21 @@ from rateloop.admission.plan import (
     AdmitOp,
     AdmitPlan,
     AdmitResult,
+    BorrowOp,
     Check,
     CheckKind,
     ObserveOp,
     PauseOp,
     PauseResult,
     Refused,
+    ReturnOp,
     SettleOp,
 )
 from rateloop.signal import Dimension
 
 __all__ = ["EncodedPlan", "RedisCodec", "ScriptCall"]
 
-_SCRIPTS = ("pause", "observe", "learned")  # admit, settle: one script per shape
+_SCRIPTS = ("pause", "observe", "learned", "lease_return")  # admit, settle: one per shape
 
 _new_tuple = tuple.__new__
 
@@ -118,6 +120,7 @@ class RedisCodec:
             tuple[int, bool], tuple[AdmitPlan, Script, bytes, tuple[bytes, ...]]
         ] = {}
         self._plan_cache: dict[int, EncodedPlan] = {}
+        self._borrow_cache: dict[int, tuple[AdmitPlan, Script, bytes, Any]] = {}
         # The last admission's packed command, by identity of its operation (the limiter
         # reuses one AdmitOp while the cost repeats and no lease makes each call unique).
         self._last_admit: tuple[object, bytes] = (None, b"")
@@ -132,6 +135,10 @@ class RedisCodec:
             return self._encode_admit(op, packed)
         if isinstance(op, SettleOp):
             return self._encode_settle(op, packed)
+        if isinstance(op, BorrowOp):
+            return self._encode_borrow(op, packed)
+        if isinstance(op, ReturnOp):
+            return self._encode_return(op)
         if isinstance(op, PauseOp):
             keys, args = [self.key(STATE, op.scope)], [_fmt(op.seconds), op.reason]
             if self.history:
@@ -208,6 +215,75 @@ class RedisCodec:
         if op.lease_id is None:
             self._last_admit = (op, command)
         return ScriptCall(encoded.script, encoded.keys, [], encoded.decode, command)
+
+    def _encode_borrow(self, op: BorrowOp, packed: bool) -> ScriptCall:
+        """The plan's borrowing script (``admit.lua`` with its borrow sections), and this
+        call's arguments: an admission's, then the most it borrows.  Packed on the sync
+        path like an admission.  Answers ``(AdmitResult, k)``."""
+        inner = op.op
+        encoded = self.encoded(inner.plan)
+        script, head, decode = self._borrow_entry(encoded)
+        if not packed:
+            args: list[Any] = [_fmt(inner.aimd.recover_per_second), _fmt(inner.book)]
+            if inner.plan.lease_scopes:
+                args.append(inner.lease_id or "-")
+            for amount, allowed, const in zip(inner.amounts, inner.allowed, encoded.consts):  # noqa: B905
+                args += [_fmt(amount), _fmt(allowed), const]
+            args.append(_fmt(op.most))
+            return ScriptCall(script, encoded.keys, args, decode)
+        parts = [head, number(inner.aimd.recover_per_second), number(inner.book)]
+        if inner.plan.lease_scopes:
+            parts.append(bulk((inner.lease_id or "-").encode()))
+        for amount, allowed, const in zip(inner.amounts, inner.allowed, encoded.consts):  # noqa: B905
+            parts += (number(amount), number(allowed), bulk(const))
+        parts.append(number(op.most))
+        return ScriptCall(script, encoded.keys, [], decode, b"".join(parts))
+
+    def _borrow_entry(
+        self, encoded: EncodedPlan
+    ) -> tuple[Script, bytes, Callable[[Any], tuple[AdmitResult, float]]]:
+        """A plan's borrowing script, its packed head and its decoder, built once per plan."""
+        plan = encoded.plan
+        entry = self._borrow_cache.get(id(plan))
+        if entry is not None and entry[0] is plan:
+            return entry[1], entry[2], entry[3]
+        shape = shape_of(plan, encoded.numbers, len(encoded.scopes))
+        history = self.history
+        script = self._script(
+            ("borrow", shape, history),
+            lambda sh: admit_script(sh, history=history, borrow=True),
+            shape,
+        )
+        items = 3 + len(encoded.keys) + argument_count(shape, borrow=True)
+        head = evalsha_head(script, items) + encoded.keys_part
+        plain, scopes = encoded.decode, encoded.scopes
+
+        def decode(reply: Any) -> tuple[AdmitResult, float]:
+            if reply.__class__ is not int and int(reply[0]) == 3:  # granted, k more borrowed
+                granted = (True, int(reply[1]) / 1e6, 0.0, None, None, False, None, 0.0,
+                           _refused(reply[3], scopes))
+                return _new_tuple(AdmitResult, granted), float(reply[2])
+            return plain(reply), 0.0
+
+        if len(self._borrow_cache) >= 4096:
+            self._borrow_cache.clear()
+        self._borrow_cache[id(plan)] = (plan, script, head, decode)
+        return script, head, decode
+
+    def _encode_return(self, op: ReturnOp) -> ScriptCall:
+        """``lease_return.lua``: the state hash of each scope (and its history base)."""
+        scopes = tuple(dict.fromkeys(c.scope for c in op.checks))
+        index = {scope: i + 1 for i, scope in enumerate(scopes)}
+        keys = [self.key(STATE, scope) for scope in scopes]
+        if self.history:
+            keys += [self.key(HISTORY, scope) for scope in scopes]
+        history = "1" if self.history else "0"
+        args = [_fmt(op.aimd.recover_per_second), _fmt(op.since), history, HISTORY_TTL_SECONDS]
+        for check, borrowed, left in zip(op.checks, op.borrowed, op.left, strict=True):
+            scaled = "1" if check.scaled else "0"
+            args += [index[check.scope], check.dimension.value, _fmt(check.rate), scaled]
+            args += [_fmt(borrowed), _fmt(left)]
+        return ScriptCall(self._scripts["lease_return"], keys, args, _returned)
 
     def _script(self, key: Any, make: Callable[[Any], str], shape: Any) -> Script:
         """The generated script of a shape (``make(shape)``), built once per backend."""
@@ -380,6 +456,11 @@ def _refused_until(text: Any) -> float:
 def _observed(reply: Any) -> tuple[float, float]:
     """observe.lua's answer: ``(factor, refused_until)``."""
     return float(reply[0]), _refused_until(reply[1])
+
+
+def _returned(reply: Any) -> tuple[float, tuple[float, ...]]:
+    """lease_return.lua's answer: ``(now, given back per bucket)``."""
+    return int(reply[0]) / 1e6, tuple(float(x) for x in reply[1:])
 
 
 def _constant(check: Check) -> float:

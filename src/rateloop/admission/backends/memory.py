@@ -12,33 +12,40 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from rateloop._clock import Clock, system_clock
+from rateloop.admission.backends._memstate import USED as _USED
+from rateloop.admission.backends._memstate import Day as _Day
+from rateloop.admission.backends._memstate import ScopeState as _Scope
+from rateloop.admission.backends._memstate import apply_booked as _apply_booked
+from rateloop.admission.backends._memstate import lease_wait as _lease_wait
+from rateloop.admission.backends._memstate import record as _record
 from rateloop.admission.backends.protocol import Backend
 from rateloop.admission.backends.registry import register_backend
 from rateloop.admission.gcra import (
     AIMD,
-    LEASE_POLL_SECONDS,
     Bucket,
     bucket_fit,
     day_window,
     drained,
-    effective_factor,
+    lease_calls,
     lowered_factor,
+    returnable,
 )
 from rateloop.admission.history import MemoryHistory
 from rateloop.admission.learning import LearnedOp, LearnOp
 from rateloop.admission.plan import (
     AdmitOp,
     AdmitResult,
+    BorrowOp,
     Check,
     CheckKind,
     ObserveOp,
     PauseOp,
     PauseResult,
     Refused,
+    ReturnOp,
     SettleOp,
 )
 from rateloop.signal import Dimension
@@ -48,119 +55,7 @@ __all__ = ["MemoryBackend"]
 _BUCKET = CheckKind.BUCKET
 _DAY = CheckKind.DAY
 
-# The history's field names of each dimension (``admit.lua``'s): units used, the limit in
-# force, the count held.  Built once: an enum's ``.value`` is a Python-level descriptor.
-_USED = {d: "u:" + d.value for d in Dimension}
-_LIMIT = {d: "L:" + d.value for d in Dimension}
-_COUNT = {d: "c:" + d.value for d in Dimension}
 _new_tuple = tuple.__new__
-
-
-@dataclass(slots=True)
-class _Day:
-    count: float = 0.0
-    index: int = -(2**62)
-    blocked_until: float = 0.0
-
-
-@dataclass(slots=True)
-class _Scope:
-    buckets: dict[Dimension, Bucket] = field(default_factory=dict)
-    days: dict[Dimension, _Day] = field(default_factory=dict)
-    leases: dict[str, float] = field(default_factory=dict)
-    paused_until: float = -math.inf
-    pause_reason: str = ""
-    factor: float = 1.0
-    factor_since: float = 0.0
-    last_decrease: float = -math.inf
-    # A refusal (429 observed, pause) said the provider has nothing before this time:
-    # a call booked to start earlier must not go (``Reservation.stale``).
-    refused_until: float = -math.inf
-
-    def factor_at(self, now: float, aimd: AIMD) -> float:
-        factor = effective_factor(self.factor, self.factor_since, now, aimd)
-        if factor >= 1.0:
-            self.factor = 1.0  # fully recovered: back on the fast path
-        return factor
-
-
-def _lease_wait(state: _Scope, now: float, allowed: float) -> float:
-    """Seconds until one more lease fits ``allowed`` slots (0: it fits now).
-
-    Expired leases are dropped only when the held ones (live or not) fill
-    the slots: while they do not, the call fits whatever has expired, so the
-    common case costs no scan.  The dict thus never holds more than
-    ``allowed`` leases plus those granted since the last scan.
-    """
-    leases = state.leases
-    if len(leases) + 1 <= allowed:
-        return 0.0
-    live = {lid: exp for lid, exp in leases.items() if exp > now}
-    state.leases = live
-    if len(live) + 1 <= allowed:
-        return 0.0
-    return max(min(min(live.values()) - now, LEASE_POLL_SECONDS), 1e-6)
-
-
-def _apply_booked(
-    staged: list[tuple[Check, _Scope, Any, float, float]],
-    amounts: tuple[float, ...],
-    now: float,
-    starts_in: float,
-    lease_id: str | None,
-) -> None:
-    """Charge a booked call at its start: each bucket holds its level *at* the start.
-
-    A bucket's ``ts`` then lies ahead (the latest start booked on it): it does
-    not drain before it, later calls start after it, and every bucket sees its
-    charges in the order of their starts -- an ordinary bucket over start
-    times, so the bound of :mod:`gcra` holds for the units starting in any
-    window.  A booking has no day window or lease wait (those are never
-    booked), so those are applied as for a call that starts now.
-    """
-    at = now + starts_in
-    for (check, state, slot, value, extra), amount in zip(staged, amounts, strict=True):
-        if slot is None:
-            if lease_id is not None:
-                state.leases[lease_id] = now + check.ttl
-        elif type(slot) is Bucket:
-            base = max(slot.ts, now)  # ``value - amount`` is the level at ``base``
-            slot.level = max(0.0, value - amount - (at - base) * extra) + amount
-            slot.ts = at
-        else:
-            slot.count = value
-            slot.index = int(extra)
-
-
-def _record(
-    history: MemoryHistory,
-    wall: float,
-    staged: list[tuple[Check, _Scope, Any, float, float]],
-    amounts: tuple[float, ...],
-    allowances: tuple[float, ...],
-) -> None:
-    """One admission in the history of each scope it was checked in (see ``admit.lua``)."""
-    with history.lock:
-        records: dict[str, dict[str, float]] = {}
-        for (check, state, slot, value, extra), amount, allowed in zip(  # noqa: B905
-            staged, amounts, allowances
-        ):
-            fields = records.get(check.scope)
-            if fields is None:
-                fields = records[check.scope] = history.record(check.scope, wall)
-                fields["a"] = fields.get("a", 0.0) + 1
-            dimension = check.dimension
-            if slot is None:  # a lease: the leases held now, of the slots
-                fields[_COUNT[dimension]] = float(len(state.leases))
-                fields[_LIMIT[dimension]] = allowed
-                continue
-            used = _USED[dimension]
-            fields[used] = fields.get(used, 0.0) + amount
-            if type(slot) is Bucket:  # per minute, at the rate in force (AIMD included)
-                fields[_LIMIT[dimension]] = extra * 60.0
-            else:
-                fields[_COUNT[dimension]] = value
-                fields[_LIMIT[dimension]] = allowed
 
 
 class MemoryBackend:
@@ -202,6 +97,10 @@ class MemoryBackend:
                 return self._admit(op, now)
             if type(op) is SettleOp:
                 return self._settle(op, now)
+            if type(op) is BorrowOp:
+                return self._borrow(op, now)
+            if type(op) is ReturnOp:
+                return self._give_back(op, now)
             if isinstance(op, PauseOp):
                 return self._pause(op, now)
             if isinstance(op, ObserveOp):
@@ -429,6 +328,58 @@ class MemoryBackend:
             for lease_scope in op.plan.lease_scopes:  # held in every scope with a limit
                 self._scope(lease_scope).leases.pop(lease_id, None)
         return now, refused
+
+    def _borrow(self, op: BorrowOp, now: float) -> tuple[AdmitResult, float]:
+        """``op.op``, and when it goes now up to ``op.most`` more of its amounts (a lease).
+
+        ``k`` is decided on the levels now (:func:`lease_calls` per bucket); the
+        call and its ``k`` more are then one admission, which those levels
+        admit.  Otherwise -- a bucket booked ahead or blocked, a pause, a check
+        that is no bucket -- the call is admitted alone, as in ``admit.lua``.
+        """
+        inner = op.op
+        k = op.most
+        for check, amount, allowed in zip(  # noqa: B905 - parallel tuples of one plan
+            inner.plan.checks, inner.amounts, inner.allowed
+        ):
+            state = self._scopes.get(check.scope)
+            bucket = state.buckets.get(check.dimension) if state is not None else None
+            if check.kind is not _BUCKET or (bucket is not None and bucket.ts > now):
+                k = 0.0
+                break
+            level = 0.0
+            if state is not None and bucket is not None:
+                rate = self._rate(check, state, now, inner.aimd)
+                level = drained(bucket.level, bucket.ts, now, rate)
+            k = min(k, lease_calls(level + amount, allowed, amount))
+        if k >= 1.0:
+            more = tuple(a * (1.0 + k) for a in inner.amounts)
+            result = self._admit(AdmitOp(inner.plan, more, inner.allowed, None, inner.aimd), now)
+            if result.granted:
+                return result, k
+        return self._admit(inner, now), 0.0
+
+    def _give_back(self, op: ReturnOp, now: float) -> tuple[float, tuple[float, ...]]:
+        """A lease's unused units back, as far as they cannot have drained (:func:`returnable`).
+
+        Answers what each bucket's level really went down by.
+        """
+        given: list[float] = []
+        for check, borrowed, left in zip(op.checks, op.borrowed, op.left, strict=True):
+            state = self._scope(check.scope)
+            bucket = state.buckets.get(check.dimension)
+            if bucket is None:
+                given.append(0.0)
+                continue
+            at = max(bucket.ts, now)  # booked ahead: its level at its last start
+            level = drained(bucket.level, bucket.ts, at, self._rate(check, state, now, op.aimd))
+            back = min(level, returnable(borrowed, left, check.rate, op.since, at))
+            bucket.level, bucket.ts = level - back, at
+            given.append(back)
+            if back and self.history is not None:
+                wall = self._clock.now().timestamp()
+                self.history.add(check.scope, wall, {_USED[check.dimension]: -back})
+        return now, tuple(given)
 
     def _pause(self, op: PauseOp, now: float) -> PauseResult:
         state = self._scope(op.scope)

@@ -91,8 +91,8 @@ def lease_scopes(checks: tuple[tuple[int, str, str, bool], ...]) -> tuple[int, .
     return tuple(dict.fromkeys(s for s, _, kind, _ in checks if kind == CheckKind.LEASE.value))
 
 
-def argument_count(shape: Shape) -> int:
-    return 2 + (1 if shape[1] else 0) + 3 * len(shape[2])
+def argument_count(shape: Shape, borrow: bool = False) -> int:
+    return 2 + (1 if shape[1] else 0) + 3 * len(shape[2]) + (1 if borrow else 0)
 
 
 @cache
@@ -109,12 +109,14 @@ def _common() -> str:
     return package.joinpath("_common.lua").read_text(encoding="utf-8")
 
 
-def admit_script(shape: Shape, history: bool = False) -> str:
+def admit_script(shape: Shape, history: bool = False, borrow: bool = False) -> str:
     """The Lua text admitting a plan of ``shape`` (``_common.lua`` included).
 
     ``history``: a granted call also writes this minute's history of each scope
     checked (:mod:`rateloop.admission.history`); KEYS then end with each
-    scope's history base, in scope order.
+    scope's history base, in scope order.  ``borrow``: a
+    :class:`~rateloop.admission.plan.BorrowOp`'s script, which takes the most
+    it borrows as its last argument.
     """
     nscopes, leased, checks = shape
     if leased != lease_scopes(checks):
@@ -167,6 +169,8 @@ def admit_script(shape: Shape, history: bool = False) -> str:
                 )
             )
     out.append(sec["decide"].substitute())
+    if borrow:
+        out.append(_borrow_sections(sec, checks, first + 3 * len(checks)))
     for s in range(1, nscopes + 1):
         if not fields[s]:
             continue
@@ -187,7 +191,23 @@ def admit_script(shape: Shape, history: bool = False) -> str:
             out.append(sec["write_lease"].substitute(i=i, s=s, z=lease_key[s]))
     if history:
         out.append(_history_sections(sec, checks, nscopes, nscopes + len(leased)))
+    if borrow:
+        out.append(sec["borrow_reply"].substitute())
     out.append(sec["reply"].substitute())
+    return "".join(out)
+
+
+def _borrow_sections(
+    sec: dict[str, Template], checks: tuple[tuple[int, str, str, bool], ...], most: int
+) -> str:
+    """admit.lua's borrowing: ``k`` from every bucket (any other check borrows nothing),
+    then each amount taken ``1 + k`` times (``most``: the argument of the most)."""
+    out = [sec["borrow_open"].substitute(m=most)]
+    for i, (_, _, kind, _) in enumerate(checks):
+        part = "borrow_check" if kind == CheckKind.BUCKET.value else "borrow_none"
+        out.append(sec[part].substitute(i=i))
+    more = "\n".join(f"    am{i} = am{i} * (1 + k)" for i in range(len(checks)))
+    out.append(sec["borrow_take"].substitute(more=more))
     return "".join(out)
 
 
