@@ -27,11 +27,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import multiprocessing as mp
 import random
 import statistics
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bucket_provider import BucketProviderProcess
-from fleet_bench import REDIS_URL, _worker, split
+from fleet_bench import REDIS_URL, run_processes
 
 WORKLOADS = {"short": {"tasks": 60, "calls": 4}, "long": {"tasks": 60, "calls": 20}}
 STRATEGIES = ("rateloop", "rateloop-zero", "rateloop-burst", "litellm", "litellm-retries",
@@ -74,35 +72,15 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
     shape = WORKLOADS[workload]
     calls = make_calls(shape["tasks"], shape["calls"], cfg["seed"])
     cfg = {**cfg, "prefix": f"rateloop-burst:{uuid.uuid4().hex[:8]}:"}
-    ctx = mp.get_context("spawn")
     with BucketProviderProcess(rpm=cfg["rpm"], tpm=cfg["tpm"], burst=cfg["burst"],
                                latency=cfg["latency"],
                                retry_after=cfg["retry_after"]) as provider:
-        ready, go = ctx.Semaphore(0), ctx.Event()
-        start_at = ctx.Value("d", 0.0)
-        results = ctx.Queue()
-        procs = [
-            ctx.Process(target=_worker, args=(strategy, provider.url, {**cfg, "slots": slots},
-                                              processes, share, ready, go, start_at, results))
-            for slots, share in split(calls, cfg["concurrency"], processes)
-        ]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            ready.acquire(timeout=120)
-        provider.reset()  # warm-up connections are not the run
-        start_at.value = time.time()
-        go.set()
-        outs = [results.get(timeout=1800) for _ in procs]
-        for p in procs:
-            p.join(timeout=30)
+        try:
+            done = run_processes(strategy, processes, calls, cfg, provider.url, provider.reset)
+        finally:
+            _drop_keys(cfg)
         stats = provider.stats()
         trace = provider.trace() if cfg.get("trace") else []
-    _drop_keys(cfg)
-    errors = [o[1] for o in outs if o[0] == "error"]
-    if errors:
-        raise RuntimeError(f"{strategy}: {errors[0]}")
-    done = [r for o in outs for r in o[1]]
     wall = max(t for t, _ in done)
     completed = sum(ok for _, ok in done)
     ideal = ideal_seconds(calls, cfg)

@@ -373,6 +373,37 @@ def split(tasks: list[Any], concurrency: int, processes: int) -> list[tuple[int,
     return [(max(1, n), share) for n, share in zip(slots, shares, strict=True)]
 
 
+def run_processes(strategy: str, processes: int, calls: list[list[tuple[int, int, int]]],
+                  cfg: dict[str, Any], url: str, reset: Any) -> list[tuple[float, bool]]:
+    """Run ``calls`` with ``strategy`` in ``processes`` workers against ``url``: per task,
+    (seconds from the start, completed).  The workers are started and connected before
+    the clock starts; ``reset()`` (the provider's) runs just before it."""
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    start_at = ctx.Value("d", 0.0)
+    results = ctx.Queue()
+    worker = _peer_worker if strategy in PEER_STRATEGIES else _worker
+    procs = [
+        ctx.Process(target=worker, args=(strategy, url, {**cfg, "slots": slots},
+                                          processes, share, ready, go, start_at, results))
+        for slots, share in split(calls, cfg["concurrency"], processes)
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.acquire(timeout=120)
+    reset()  # warm-up connections are not the run
+    start_at.value = time.time()
+    go.set()
+    outs = [results.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    errors = [o[1] for o in outs if o[0] == "error"]
+    if errors:
+        raise RuntimeError(f"{strategy}: {errors[0]}")
+    return [r for o in outs for r in o[1]]
+
+
 def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> dict[str, Any]:
     from rateloop.sim.harness import ideal_seconds
     from rateloop.sim.workload import CallSpec
@@ -385,34 +416,13 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
     provider = FakeProvider(profile="openai", limits=limits, latency=cfg["latency"],
                             model=MODEL, refusal_latency=0.01)
     cfg = {**cfg, "prefix": f"rateloop-fleet:{uuid.uuid4().hex[:8]}:"}
-    ctx = mp.get_context("spawn")
     with FakeProviderServer(provider) as server:
-        ready, go = ctx.Semaphore(0), ctx.Event()
-        start_at = ctx.Value("d", 0.0)
-        results = ctx.Queue()
-        worker = _peer_worker if strategy in PEER_STRATEGIES else _worker
-        procs = [
-            ctx.Process(target=worker, args=(strategy, server.url, {**cfg, "slots": slots},
-                                              processes, share, ready, go, start_at, results))
-            for slots, share in split(calls, cfg["concurrency"], processes)
-        ]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            ready.acquire(timeout=120)
-        provider.reset()  # warm-up connections are not the run
-        start_at.value = time.time()
-        go.set()
-        outs = [results.get(timeout=1800) for _ in procs]
-        for p in procs:
-            p.join(timeout=30)
+        try:
+            done = run_processes(strategy, processes, calls, cfg, server.url, provider.reset)
+        finally:
+            if strategy in PEER_STRATEGIES and processes > 1:
+                _drop_peer_keys(cfg)
         stats = provider.stats
-    if strategy in PEER_STRATEGIES and processes > 1:
-        _drop_peer_keys(cfg)
-    errors = [o[1] for o in outs if o[0] == "error"]
-    if errors:
-        raise RuntimeError(f"{strategy}: {errors[0]}")
-    done = [r for o in outs for r in o[1]]
     wall = max(t for t, _ in done)
     completed = sum(ok for _, ok in done)
     specs = [(0.0, tuple(CallSpec(i, c, o) for i, c, o in task)) for task in calls]

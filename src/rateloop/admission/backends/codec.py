@@ -192,12 +192,8 @@ class RedisCodec:
         """
         encoded = self.encoded(op.plan)
         if not packed:
-            args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.book)]
-            if op.plan.lease_scopes:
-                args.append(op.lease_id or "-")
-            for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
-                args += [_fmt(amount), _fmt(allowed), const]
-            return ScriptCall(encoded.script, encoded.keys, args, encoded.decode)
+            return ScriptCall(encoded.script, encoded.keys, _admit_args(op, encoded),
+                              encoded.decode)
         last = self._last_admit
         if last[0] is op:
             return ScriptCall(encoded.script, encoded.keys, [], encoded.decode, last[1])
@@ -224,13 +220,8 @@ class RedisCodec:
         encoded = self.encoded(inner.plan)
         script, head, decode = self._borrow_entry(encoded)
         if not packed:
-            args: list[Any] = [_fmt(inner.aimd.recover_per_second), _fmt(inner.book)]
-            if inner.plan.lease_scopes:
-                args.append(inner.lease_id or "-")
-            for amount, allowed, const in zip(inner.amounts, inner.allowed, encoded.consts):  # noqa: B905
-                args += [_fmt(amount), _fmt(allowed), const]
-            args.append(_fmt(op.most))
-            return ScriptCall(script, encoded.keys, args, decode)
+            return ScriptCall(script, encoded.keys, [*_admit_args(inner, encoded), _fmt(op.most)],
+                              decode)
         parts = [head, number(inner.aimd.recover_per_second), number(inner.book)]
         if inner.plan.lease_scopes:
             parts.append(bulk((inner.lease_id or "-").encode()))
@@ -495,3 +486,13 @@ def _scopes_of(first: tuple[str, ...], more: Any) -> tuple[str, ...]:
     for scope in more:
         seen.setdefault(scope)
     return tuple(seen)
+
+
+def _admit_args(op: AdmitOp, encoded: EncodedPlan) -> list[Any]:
+    """An admission's script arguments, unpacked (``admit.lua``; a borrow adds its most)."""
+    args: list[Any] = [_fmt(op.aimd.recover_per_second), _fmt(op.book)]
+    if op.plan.lease_scopes:
+        args.append(op.lease_id or "-")
+    for amount, allowed, const in zip(op.amounts, op.allowed, encoded.consts):  # noqa: B905
+        args += [_fmt(amount), _fmt(allowed), const]
+    return args
