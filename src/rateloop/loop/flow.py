@@ -314,8 +314,10 @@ class _Run:
         # The answer to a call admitted in its route's cold start (admission/known.py):
         # learn what its headers say first, so that the settle ending the cold start
         # leaves the limits they state, never a moment with none.
-        plan = getattr(reservation, "plan", None)  # a carried booking has none
-        early = plan is not None and plan.cold_scope is not None and bool(signal.observed)
+        early = False
+        if signal.observed and reservation is not None:
+            plan = getattr(reservation, "plan", None)  # a carried booking has none
+            early = plan is not None and plan.cold_scope is not None
         if early:
             yield Observe(observed_scope(signal, route), signal)
         if reservation is not None:
