@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bucket_provider import BucketProviderProcess
-from fleet_bench import REDIS_URL, run_processes
+from fleet_bench import HEADER, REDIS_URL, format_row, run_processes
 
 WORKLOADS = {"short": {"tasks": 60, "calls": 4}, "long": {"tasks": 60, "calls": 20}}
 STRATEGIES = ("rateloop", "rateloop-zero", "rateloop-burst", "litellm", "litellm-retries",
@@ -146,19 +146,14 @@ def main() -> None:
            "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed,
            "retry_after": args.retry_after, "trace": args.trace}
     rows: list[dict[str, Any]] = []
-    print(f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
-          f"{'effic.':>6} {'429/ok':>7}", flush=True)
+    print(HEADER, flush=True)
     for workload in args.workload.split(","):
         for processes in (int(p) for p in args.processes.split(",")):
             for _ in range(args.repeat):
                 for strategy in strategies:
                     row = run(strategy, processes, workload, cfg)
                     rows.append(row)
-                    rej = row["429_per_success"]
-                    print(f"{workload:8} {strategy:14} {processes:>5} "
-                          f"{row['completed']:>3}/{row['tasks']:<3} {row['wall_secs']:>6.1f}s "
-                          f"{row['ideal_secs']:>5.1f}s {row['efficiency']:>6.2f} "
-                          f"{'inf' if rej is None else f'{rej:.3f}':>7}", flush=True)
+                    print(format_row(row), flush=True)
     if args.repeat > 1:
         print("\nmedians")
         for workload in args.workload.split(","):

@@ -444,6 +444,19 @@ def run(strategy: str, processes: int, workload: str, cfg: dict[str, Any]) -> di
     }
 
 
+HEADER = (f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
+          f"{'effic.':>6} {'429/ok':>7}")
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """One result row under :data:`HEADER`."""
+    rej = row["429_per_success"]
+    return (f"{row['workload']:8} {row['strategy']:14} {row['processes']:>5} "
+            f"{row['completed']:>3}/{row['tasks']:<3} {row['wall_secs']:>6.1f}s "
+            f"{row['ideal_secs']:>5.1f}s {row['efficiency']:>6.2f} "
+            f"{'inf' if rej is None else f'{rej:.3f}':>7}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
@@ -487,18 +500,13 @@ def main() -> None:
            "concurrency": args.concurrency, "redis": args.redis, "seed": args.seed,
            "peer_python": args.peer_python, "peer_limit_share": args.peer_limit_share}
     rows = []
-    print(f"{'workload':8} {'strategy':14} {'procs':>5} {'done':>7} {'wall':>7} {'ideal':>6} "
-          f"{'effic.':>6} {'429/ok':>7}", flush=True)
+    print(HEADER, flush=True)
     for workload in args.workload.split(","):
         for processes in (int(p) for p in args.processes.split(",")):
             for strategy in strategies:
                 row = run(strategy, processes, workload, cfg)
                 rows.append(row)
-                rej = row["429_per_success"]
-                print(f"{workload:8} {strategy:14} {processes:>5} "
-                      f"{row['completed']:>3}/{row['tasks']:<3} {row['wall_secs']:>6.1f}s "
-                      f"{row['ideal_secs']:>5.1f}s {row['efficiency']:>6.2f} "
-                      f"{'inf' if rej is None else f'{rej:.3f}':>7}", flush=True)
+                print(format_row(row), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"config": cfg, "rows": rows}, indent=2) + "\n")
