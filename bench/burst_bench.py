@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bucket_provider import BucketProviderProcess
-from fleet_bench import HEADER, REDIS_URL, format_row, run_processes
+from fleet_bench import HEADER, add_fleet_arguments, format_row, run_processes
 
 WORKLOADS = {"short": {"tasks": 60, "calls": 4}, "long": {"tasks": 60, "calls": 20}}
 STRATEGIES = ("rateloop", "rateloop-zero", "rateloop-burst", "litellm", "litellm-retries",
@@ -118,17 +118,10 @@ def main() -> None:
     parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
     parser.add_argument("--strategies", default="rateloop,rateloop-zero,litellm",
                         help=f"comma-separated, of {', '.join(STRATEGIES)}")
-    parser.add_argument("--processes", default="1,4")
+    add_fleet_arguments(parser)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each case, interleaved")
-    parser.add_argument("--rpm", type=int, default=1_200, help="20 requests a second")
-    parser.add_argument("--tpm", type=int, default=1_200_000, help="20k tokens a second")
-    parser.add_argument("--burst", type=float, default=2.0, help="the provider's burst, seconds")
-    parser.add_argument("--latency", type=float, default=0.5, help="seconds per answer")
     parser.add_argument("--retry-after", action="store_true",
                         help="429s also carry a retry-after header (whole seconds)")
-    parser.add_argument("--concurrency", type=int, default=30, help="tasks at once, in all")
-    parser.add_argument("--redis", default=REDIS_URL)
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--trace", action="store_true",
                         help="keep the provider's decisions (time, refused, levels) in the JSON")

@@ -457,13 +457,8 @@ def format_row(row: dict[str, Any]) -> str:
             f"{'inf' if rej is None else f'{rej:.3f}':>7}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
-    parser.add_argument(
-        "--strategies", default="rateloop,rateloop-burst,rateloop-zero,tenacity,litellm,"
-        "token-throttle"
-    )
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The provider's limits and the fleet's shape, shared by the fleet benches."""
     parser.add_argument("--processes", default="1,4")
     parser.add_argument("--rpm", type=int, default=1_200, help="20 requests a second")
     parser.add_argument("--tpm", type=int, default=1_200_000, help="20k tokens a second")
@@ -472,6 +467,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=30, help="tasks at once, in all")
     parser.add_argument("--redis", default=REDIS_URL)
     parser.add_argument("--seed", type=int, default=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="short", help="short, long or both (short,long)")
+    parser.add_argument(
+        "--strategies", default="rateloop,rateloop-burst,rateloop-zero,tenacity,litellm,"
+        "token-throttle"
+    )
+    add_fleet_arguments(parser)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--peer-python", default=str(PEER_VENV / "bin" / "python"),
                         help="a Python >= 3.12 with token-throttle (runs its workers)")
