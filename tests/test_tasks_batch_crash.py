@@ -12,6 +12,7 @@ when the test says so.  Every wait is bounded; every worker is stopped.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ import pytest
 from _worker_procs import WorkerProcs
 from rateloop.tasks import TaskRegistry, TaskRunner, open_store, task
 from rateloop.tasks.model import TaskRecord
+from rateloop.tasks.store import TaskStore
 from rateloop.testing import FakeBatch, FakeClock, FakeProvider, FakeProviderServer
 
 
@@ -32,6 +34,24 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> Non
         if time.monotonic() > give_up:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def _workers(tmp: Path, url: str, fake_url: str, mark: Path, flavor: str,
+             policy: Path | None = None) -> WorkerProcs:
+    """Workers of ``_batch_app.py`` on the fake at ``fake_url``; the first one to submit a
+    batch kills itself (SIGKILL) before checkpointing its id, leaving ``mark``."""
+    return WorkerProcs(tmp, url, [str(Path(__file__).parent / "_batch_app.py")],
+                       lease=1.0, poll=0.1, policy=policy,
+                       env={"RATELOOP_BATCH_FAKE_URL": fake_url,
+                            "RATELOOP_BATCH_CRASH_MARK": str(mark),
+                            "RATELOOP_BATCH_FLAVOR": flavor})
+
+
+def _task(store: TaskStore) -> TaskRecord:
+    """Task ``t1`` as the store holds it now."""
+    rec = store.get("t1")
+    assert rec is not None
+    return rec
 
 
 @pytest.mark.parametrize("flavor", ["openai", "anthropic"])
@@ -48,16 +68,8 @@ def test_a_worker_killed_mid_batch_never_submits_it_twice(tmp_path: Path, flavor
     task("batch_digest", into=local).step("batch")(lambda ctx: None)
     TaskRunner(store, tasks=local).submit(
         "batch_digest", {"items": {"a": body, "b": body}}, task_id="t1")
-    workers = WorkerProcs(tmp_path, url, [str(Path(__file__).parent / "_batch_app.py")],
-                          lease=1.0, poll=0.1,
-                          env={"RATELOOP_BATCH_FAKE_URL": server.url,
-                               "RATELOOP_BATCH_CRASH_MARK": str(mark),
-                               "RATELOOP_BATCH_FLAVOR": flavor})
-
-    def record() -> TaskRecord:
-        rec = store.get("t1")
-        assert rec is not None
-        return rec
+    workers = _workers(tmp_path, url, server.url, mark, flavor)
+    record = functools.partial(_task, store)
 
     try:
         first = workers.start()
@@ -119,16 +131,8 @@ def test_a_worker_killed_on_the_batch_rung_never_submits_twice(tmp_path: Path) -
     task("rung_digest", into=local).step("summarise")(lambda ctx: None)
     TaskRunner(store, tasks=local).submit("rung_digest", {"body": body}, task_id="t1",
                                           priority="background", deadline=3600.0)
-    workers = WorkerProcs(tmp_path, url, [str(Path(__file__).parent / "_batch_app.py")],
-                          lease=1.0, poll=0.1, policy=policy,
-                          env={"RATELOOP_BATCH_FAKE_URL": server.url,
-                               "RATELOOP_BATCH_CRASH_MARK": str(mark),
-                               "RATELOOP_BATCH_FLAVOR": "openai"})
-
-    def record() -> TaskRecord:
-        rec = store.get("t1")
-        assert rec is not None
-        return rec
+    workers = _workers(tmp_path, url, server.url, mark, "openai", policy=policy)
+    record = functools.partial(_task, store)
 
     try:
         first = workers.start()
