@@ -120,13 +120,18 @@ def redis_limiter_pair(redis_url: str, redis_prefix: str) -> Iterator[tuple[Limi
     b.close()
 
 
+def _paced_bookings(a: Limiter, b: Limiter) -> list[Any]:
+    """Both processes paced alike; A books four starts on the route (the first one now)."""
+    for limiter in (a, b):
+        limiter.set_limits(MODEL, PACED[MODEL])
+    return [a.try_reserve(ROUTE, Cost(), book_within=5) for _ in range(4)]
+
+
 def test_redis_a_refusal_in_one_process_voids_the_others_bookings(
     redis_limiter_pair: tuple[Limiter, Limiter],
 ) -> None:
     a, b = redis_limiter_pair
-    for limiter in (a, b):
-        limiter.set_limits(MODEL, PACED[MODEL])
-    booked = [a.try_reserve(ROUTE, Cost(), book_within=5) for _ in range(4)]
+    booked = _paced_bookings(a, b)
     assert [r.starts_in > 0 for r in booked] == [False, True, True, True]
     b.observe(MODEL, refusal(0.12))  # process B is refused (a 429 with its headers)
     # A has not heard of it yet: no round trip is spent to ask.
@@ -143,9 +148,7 @@ def test_redis_a_booking_carried_to_another_process_is_voided_there(
     # A books two starts and hands them to process B (an engine attempt handing back to its
     # booked start); B checks them with Limiter.voided, by their start in Redis time.
     a, b = redis_limiter_pair
-    for limiter in (a, b):
-        limiter.set_limits(MODEL, PACED[MODEL])
-    booked = [a.try_reserve(ROUTE, Cost(), book_within=5) for _ in range(4)]
+    booked = _paced_bookings(a, b)
     starts = [r.granted_at + r.starts_in for r in booked]
     assert not any(b.voided(ROUTE, start) for start in starts)
     a.observe(MODEL, refusal(0.12))  # A is refused: nothing before 0.12 s from now
