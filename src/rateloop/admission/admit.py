@@ -88,14 +88,18 @@ class Admissions:
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; the backend's time (None: dropped)."""
-        if op.plan.cold_scope is not None:
-            self._known.answered(op.plan.cold_scope)
+        self._answered(op)
         return self._runner.settle(op, local=local)
 
     async def asettle(self, op: SettleOp, *, local: bool) -> float | None:
+        self._answered(op)
+        return await self._runner.asettle(op, local=local)
+
+    def _answered(self, op: SettleOp) -> None:
+        """A call admitted in its route's cold start ends with this settle: so does the
+        cold start (``known.py``)."""
         if op.plan.cold_scope is not None:
             self._known.answered(op.plan.cold_scope)
-        return await self._runner.asettle(op, local=local)
 
     # -- the flows: the algorithm, written once ---------------------------------------------
 
