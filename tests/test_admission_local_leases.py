@@ -35,7 +35,12 @@ limiter = _limiters.limiter  # memory, then the real Redis (the conformance fixt
 
 
 class Counting:
-    """A real MemoryBackend that counts the operations it runs, by type."""
+    """A real MemoryBackend that counts the operations it runs, by type.
+
+    A bare admission booked ahead is a lease renewal (``lease.py``: the next lease, asked
+    for off the caller's path): counted as ``Renewal``.  ``trips`` counts the round trips
+    on the callers' path only.
+    """
 
     url = "memory://"
 
@@ -44,7 +49,8 @@ class Counting:
         self.ops: Counter[str] = Counter()
 
     def execute(self, op: object, *, timeout: float | None = None) -> object:
-        self.ops[type(op).__name__] += 1
+        renewal = type(op) is AdmitOp and op.book > 0
+        self.ops["Renewal" if renewal else type(op).__name__] += 1
         return self.inner.execute(op)
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
@@ -56,7 +62,7 @@ class Counting:
 
     @property
     def trips(self) -> int:
-        return sum(self.ops.values())
+        return sum(n for name, n in self.ops.items() if name != "Renewal")
 
 
 def fleet(n: int, clock: FakeClock, lease: float | None = 1.0, limits: Any = None) -> tuple[
@@ -156,16 +162,34 @@ def test_leases_are_off_by_default_every_admission_is_a_round_trip() -> None:
     assert backend.ops == {"AdmitOp": 12}
 
 
-def test_a_process_grants_from_its_lease_and_borrows_more_as_it_uses_it() -> None:
+def test_a_process_grants_from_its_lease_and_renews_it_off_the_callers_path() -> None:
     clock = FakeClock()
     backend, (a,) = fleet(1, clock)
     outcomes = [a.try_reserve(ROUTE, Cost()) for _ in range(12)]
     assert [bool(o) for o in outcomes] == [True] * 10 + [False] * 2
-    # Borrows ask for twice what the previous lease served: 1 (2 granted: k=1), then 2
-    # (k=2), then 4 (10 % of 10: k=1), then 2 (5 %: nothing), ...; the 11th call is
-    # denied by the backend, the 12th by the denial remembered: 7 round trips for 12.
-    assert backend.ops == {"BorrowOp": 7}
+    # The first call borrows (one more call: k=1).  From the second on, each call decided
+    # in the process books the next lease beside it: one call (twice what it served,
+    # capped at 5 % of 10, at least one).  The 10th call's renewal lands 0.1 s ahead, at
+    # the bucket's next free start, so the 11th and 12th are denied in the process until
+    # then: one round trip on the callers' path for 12 calls.
+    assert backend.ops == {"BorrowOp": 1, "Renewal": 9}
     assert all(isinstance(o, Denied) and o.retry_after == pytest.approx(0.1) for o in outcomes[10:])
+    clock.advance(0.1)  # the booked lease starts: the first call after grants from it
+    r = a.try_reserve(ROUTE, Cost())
+    assert isinstance(r, Reservation) and r.granted_at == pytest.approx(0.1)
+    assert backend.trips == 1
+
+
+def test_a_booked_lease_is_taken_by_a_booking_and_starts_when_it_was_booked() -> None:
+    clock = FakeClock()
+    backend, (a,) = fleet(1, clock)
+    grants(a, 10)  # the 10th call's renewal is booked 0.1 s ahead
+    booked = a.try_reserve(ROUTE, Cost(), book_within=1.0)
+    assert isinstance(booked, Reservation)
+    assert booked.starts_in == pytest.approx(0.1) and backend.trips == 1
+    assert booked.granted_at + booked.starts_in == pytest.approx(0.1)
+    nothing = a.try_reserve(ROUTE, Cost(), book_within=0.05)  # not that far: asks the backend
+    assert isinstance(nothing, Denied) and backend.trips == 2
 
 
 def test_a_lease_lives_local_lease_secs_from_its_borrow() -> None:
@@ -198,8 +222,8 @@ def test_plans_with_a_day_quota_or_concurrency_do_not_lease() -> None:
 
 def test_a_remembered_denial_is_local_but_a_booking_still_asks() -> None:
     clock = FakeClock()
-    backend, (a,) = fleet(1, clock)
-    grants(a, 11)
+    backend, (a,) = fleet(1, clock, lease=0.05)  # a renewal books at most 0.05 s ahead
+    grants(a, 10)  # the 10th call's renewal is denied: the next start is 0.1 s away
     trips = backend.trips
     d = a.try_reserve(ROUTE, Cost())
     assert isinstance(d, Denied) and backend.trips == trips
@@ -234,19 +258,20 @@ def test_settling_a_leased_grant_refunds_into_the_lease_while_it_lives() -> None
 
 def test_usage_above_the_estimate_is_taken_from_the_lease_when_it_holds_it() -> None:
     clock = FakeClock()
-    limits = {MODEL: LimitSpec(input_tokens_per_minute=60_000, burst=1 / 60)}
+    limits = {MODEL: LimitSpec(input_tokens_per_minute=600_000, burst=1 / 60)}  # 10k at once
     backend, (a,) = fleet(1, clock, limits=limits)
-    grants(a, 2, Cost(input_tokens=100))  # a lease of 100 tokens, taken by the second call
-    grants(a, 1, Cost(input_tokens=100))  # borrows 2 more calls: 200 tokens
-    leased = a.try_reserve(ROUTE, Cost(input_tokens=100))  # 100 left in the lease
-    assert isinstance(leased, Reservation)
-    trips = backend.trips
+    # A lease of 100 tokens, taken by the second call, which books the next: 200 tokens.
+    grants(a, 2, Cost(input_tokens=100))
+    leased = a.try_reserve(ROUTE, Cost(input_tokens=100))  # from it: 100 left
+    assert isinstance(leased, Reservation) and backend.ops == {"BorrowOp": 1, "Renewal": 2}
     leased.settle(150, 0)  # 50 above the estimate: the lease holds it
-    assert backend.trips == trips
+    assert backend.trips == 1 and backend.ops["SettleOp"] == 0
     assert isinstance(a.try_reserve(ROUTE, Cost(input_tokens=50)), Reservation)
-    assert backend.trips == trips  # exactly the 50 left
-    assert isinstance(a.try_reserve(ROUTE, Cost(input_tokens=1)), Reservation)
-    assert backend.trips == trips + 1
+    assert backend.trips == 1  # exactly the 50 left
+    over = a.try_reserve(ROUTE, Cost(input_tokens=100))  # from the next lease: 100 left
+    assert isinstance(over, Reservation) and backend.trips == 1
+    over.settle(300, 0)  # 200 above: more than the lease holds, the backend takes it
+    assert backend.ops["SettleOp"] == 1
 
 
 # -- several processes --------------------------------------------------------------------------
@@ -281,11 +306,15 @@ def test_a_process_drops_its_leases_when_the_backend_reports_another_s_pause() -
 
 def test_close_gives_back_what_is_left_so_other_processes_can_use_it() -> None:
     clock = FakeClock()
-    _, (a, b, c) = fleet(3, clock)
-    grants(a, 3)  # a: 5 charged on the backend (leases of 1 and 2), 2 left in its lease
-    assert grants(b, 10) == 5
-    a.close()  # nothing has drained (the clock did not move): both come back
-    assert grants(c, 10) == 2
+    backend, (a,) = fleet(1, clock)
+    # Two processes without leases: neither books ahead of the bucket's level.
+    b, c = (Limiter(backend, limits=TEN, clock=clock) for _ in range(2))
+    # a: 4 charged on the backend (a borrow of 1 more, then two renewals of one call each),
+    # one of them still in the lease booked next.
+    grants(a, 3)
+    assert grants(b, 10) == 6
+    a.close()  # nothing has drained (the clock did not move): it comes back
+    assert grants(c, 10) == 1
 
 
 def test_a_lease_that_has_drained_gives_nothing_back() -> None:
@@ -309,7 +338,8 @@ def test_async_twins_share_the_leases() -> None:
         return got
 
     assert asyncio.run(run()) == [True] * 10 + [False] * 2
-    assert backend.ops == {"BorrowOp": 7}
+    # As the sync twin; closing gives back the lease booked 0.1 s ahead.
+    assert backend.ops == {"BorrowOp": 1, "Renewal": 9, "ReturnOp": 1}
 
 
 def test_reserve_waits_with_leases_too() -> None:
@@ -361,7 +391,7 @@ def test_from_policy_turns_leases_on() -> None:
     )
     a = Limiter.from_policy(policy, clock=clock)
     assert grants(a, 3) == 3
-    # The first call borrowed one more (2 in use), the second took it from the lease, the
-    # third borrowed two more: 5 in use for 3 calls.
+    # The first call borrowed one more (2 in use), the second took it from the lease and
+    # booked the next (3), the third took that and booked the next: 4 in use for 3 calls.
     assert isinstance(a.backend, MemoryBackend)
-    assert a.backend.in_use(build_checks(MODEL, LimitSpec(requests_per_minute=600))[0]) == 5
+    assert a.backend.in_use(build_checks(MODEL, LimitSpec(requests_per_minute=600))[0]) == 4

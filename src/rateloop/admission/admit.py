@@ -30,7 +30,7 @@ from datetime import timedelta
 from rateloop.admission.gcra import AIMD, pause_spread
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.learning import LearnedOp
-from rateloop.admission.lease import Leases
+from rateloop.admission.lease import Leases, Renewal
 from rateloop.admission.plan import AdmitOp, AdmitResult, Check, ReturnOp, SettleOp
 from rateloop.admission.reservation import (
     AdmissionRejected,
@@ -38,7 +38,7 @@ from rateloop.admission.reservation import (
     Denied,
     Reservation,
 )
-from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep
+from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep, Spawn
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import clamp_wait
 
@@ -201,6 +201,11 @@ class Admissions:
         assert leases is not None
         local = leases.take(op, route, cost)
         if local is not None:
+            # Decided here: the next lease is booked off this caller's path, when due
+            # (never on the local fallback: it lends nothing).
+            renewal = None if self._runner.falling_back else leases.renewal(op)
+            if renewal is not None:
+                yield Spawn(self._renew_flow(renewal))
             return local
         send = leases.borrow(op)
         sent = self._clock.monotonic()
@@ -212,6 +217,24 @@ class Admissions:
         outcome = self.admit_outcome(route, cost, leases.borrowed(send, done, sent))
         leases.decided(op, outcome, sent)
         return outcome
+
+    def _renew_flow(self, renewal: Renewal) -> Flow[None]:
+        """Ask for a plan's next lease (``lease.py``, "Renewal ahead of need")."""
+        leases = self.leases
+        assert leases is not None
+        sent = self._clock.monotonic()
+        try:
+            done = yield Do(renewal.op)
+        except BaseException:  # an error, a cancellation, the flow closed: try again later
+            leases.renew_failed(renewal)
+            raise
+        result: AdmitResult = done[0]
+        local: bool = done[2]
+        if result.refused:
+            self._refusals.note(result.refused, local)
+        if result.granted and result.starts_in > 0.0 and not local:
+            self._runner.booked_ahead(renewal.op.plan.scopes, result.starts_in)
+        leases.renewed(renewal, result, local, sent)
 
     def returns(self) -> list[ReturnOp]:
         """What closing gives back of the leases (none without leases)."""

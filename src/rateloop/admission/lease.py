@@ -29,6 +29,23 @@ the backend as before), in order:
 4. Otherwise the call borrows (one round trip).  One borrow per plan at a
    time: a call meanwhile goes to the backend alone.
 
+Renewal ahead of need.  Once a plan has been to the backend, the process keeps
+its *next* lease booked before the current one runs out, off the caller's path
+(the flow spawns it: a worker thread or a task, ``runner.py``): a plain
+admission of ``n`` calls' worth *booked* up to ``L`` ahead
+(:class:`~rateloop.admission.plan.AdmitOp` ``book``), so on a full scope it
+lands at the scope's next free start, queued behind every other process's.
+``n`` is twice what the process used since its previous renewal, at least one
+call and at most 5 % of the allowance (the slice a nearly full bucket lends).
+A call that finds the current lease spent and the next one booked ahead is
+denied in the process until that start -- the scope has nothing for it
+before then -- and the first call after it grants from it.  A renewal the
+backend denies (nothing free within ``L``) is remembered as a denial for one
+call, and the next renewal waits until a booking could land within ``L``.  So
+on a busy scope nearly every decision is taken in the process: a round trip
+on the caller's path is left for a plan's first call and for a call that
+arrives while a renewal is still on its way with nothing else known.
+
 A grant from a lease is a :class:`~rateloop.admission.reservation.Reservation`
 whose settle goes to its lease while the lease lives -- unused tokens go back
 into it and are handed out again, usage above the estimate is taken from it
@@ -44,8 +61,11 @@ got and that are still in the bucket.  So the backend's bucket bounds the
 borrows as it bounds admissions, and the units granted from leases and by the
 backend in any window of ``W`` seconds, across every process, are at most
 ``max(capacity, largest call) + rate x (W + L)`` (docs/admission.md, "Local
-leases").  The price: a process can hold, for at most ``L``, up to its slice
-of capacity that another process is waiting for.
+leases").  A booked lease is charged as of its start ``s`` (the bucket admits
+its units at ``s``, as any booking) and grants only within ``[s, s + L]``:
+the same argument, with ``s`` in place of the borrow's time.  The price: a
+process can hold, for at most ``L``, up to its slice of capacity that another
+process is waiting for.
 """
 
 from __future__ import annotations
@@ -54,7 +74,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from operator import ge
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from rateloop._clock import Clock
 from rateloop.admission.gcra import AIMD
@@ -71,7 +91,7 @@ from rateloop.admission.reservation import Denied, Reservation, Settler
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 
-__all__ = ["MAX_LEASE_SECONDS", "Lease", "Leases", "lease_seconds"]
+__all__ = ["MAX_LEASE_SECONDS", "RENEW_SLICE", "Lease", "Leases", "Renewal", "lease_seconds"]
 
 #: The longest lease lifetime ``local_lease_secs`` may set (seconds).
 MAX_LEASE_SECONDS = 60.0
@@ -79,6 +99,8 @@ MAX_LEASE_SECONDS = 60.0
 #: call's amounts from ``k`` times them may leave a rounding error below the last call.
 _SLACK = 1e-9
 _SLOTS_KEPT = 4096
+#: A renewal asks for at most this share of each allowance (a nearly full bucket's slice).
+RENEW_SLICE = 0.05
 _MINUTE = frozenset(
     {Dimension.REQUESTS, Dimension.INPUT_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.TOKENS}
 )
@@ -118,7 +140,10 @@ class Lease:
     ``since`` is the backend's time of the borrow; ``received`` (monotonic)
     when its answer came, so ``since + (now - received)`` is never later than
     the backend's now.  ``expires`` is ``L`` after the borrow was *sent*, so
-    no unit is granted later than ``L`` after it was charged.  A lease is the
+    no unit is granted later than ``L`` after it was charged.  A lease booked
+    ``s`` seconds ahead has both moved by ``s``: ``since`` is the backend's
+    time of its start and ``received`` the monotonic time from which it may
+    grant (never before the backend reaches that start).  A lease is the
     :class:`~rateloop.admission.reservation.Settler` of the reservations it
     grants.
     """
@@ -169,7 +194,21 @@ class _Slot:
     served: int = 0  # calls granted from leases since the last borrow
     #: The backend's denial, until when it holds (monotonic), for amounts at least these.
     denied: tuple[Denied, float, tuple[float, ...]] | None = None
+    #: The lease booked to follow ``lease`` (it may start later), and its renewal's state.
+    next: Lease | None = None
+    warm: bool = False  # the plan has been to the backend: renew its leases ahead of need
+    renewing: bool = False  # a renewal is on its way
+    renew_after: float = -math.inf  # monotonic: no renewal before (one denied, or failed)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Renewal(NamedTuple):
+    """A plan's next lease, asked for off the caller's path: ``op`` is ``calls`` of one
+    call's ``amounts``, booked up to ``L`` ahead."""
+
+    op: AdmitOp
+    calls: float
+    amounts: tuple[float, ...]
 
 
 #: ``_slots.get``'s default: a plan not seen yet.
@@ -196,7 +235,11 @@ class Leases:
         self._slots: dict[AdmitPlan, _Slot | None] = {}
 
     def __repr__(self) -> str:
-        live = sum(1 for s in self._slots.values() if s is not None and s.lease is not None)
+        live = sum(
+            (s.lease is not None) + (s.next is not None)
+            for s in self._slots.values()
+            if s is not None
+        )
         return f"Leases(lifetime={self.lifetime:g}s, plans={len(self._slots)}, leases={live})"
 
     def _slot(self, plan: AdmitPlan) -> _Slot | None:
@@ -210,7 +253,8 @@ class Leases:
                 self._slots = {
                     p: s
                     for p, s in self._slots.items()
-                    if s is not None and s.lease is not None and s.lease.expires > now
+                    if s is not None
+                    and any(x is not None and x.expires > now for x in (s.lease, s.next))
                 }
             return self._slots.setdefault(plan, new)
 
@@ -222,24 +266,21 @@ class Leases:
             return None
         now = self._clock.monotonic()
         amounts = op.amounts
-        if slot.lease is not None:
+        if slot.lease is not None or slot.next is not None:
             with slot.lock:
-                lease = slot.lease
-                if lease is None:
-                    pass
-                elif now >= lease.expires or self._refusals.before(
-                    plan.scopes, lease.backend_now(now), False
-                ):
-                    slot.lease = None
-                else:
-                    left = lease.left
-                    if all(a <= x + _SLACK * a for a, x in zip(amounts, left)):  # noqa: B905
-                        for i, a in enumerate(amounts):
-                            left[i] = max(0.0, left[i] - a)
-                        lease.calls += 1
-                        slot.served += 1
-                        at = lease.backend_now(now)
-                        return Reservation(lease, route, cost, plan, None, at, False)
+                got = self._from_leases(slot, plan, amounts, now, op.book)
+            if isinstance(got, Lease):  # a booking may take a lease booked ahead: its start
+                ahead = max(0.0, got.received - now)
+                at = got.backend_now(now)
+                return Reservation(got, route, cost, plan, None, at, False, ahead)
+            if got is not None:  # the next lease starts then: nothing before
+                first = plan.checks[0]
+                return Denied(
+                    retry_after=max(got - now, 0.001),
+                    scope=first.scope,
+                    dimension=first.dimension,
+                    reason=f"{first.dimension.value} limit reached",
+                )
         denied = slot.denied
         if (
             denied is not None
@@ -255,6 +296,43 @@ class Leases:
                 reason=held.reason,
             )
         return None
+
+    def _from_leases(
+        self, slot: _Slot, plan: AdmitPlan, amounts: tuple[float, ...], now: float, book: float
+    ) -> Lease | float | None:
+        """Take ``amounts`` from the current lease, then the next (under the slot's lock).
+
+        Returns the lease taken from -- one booked ahead only for a call that
+        books at least that far (``book``) --, or the start (monotonic) of a
+        lease that has not started, or None: no lease can.  A lease expired,
+        refused or too small for the call gives way to the next one; what is
+        left of it drains.
+        """
+        while True:
+            lease = slot.lease
+            if lease is None:
+                lease = slot.next
+                if lease is None:
+                    return None
+                slot.lease, slot.next = lease, None
+            ahead = lease.received - now
+            if now >= lease.expires or self._refusals.before(
+                plan.scopes, lease.since + max(0.0, -ahead), False
+            ):
+                slot.lease = None
+                continue
+            left = lease.left
+            if all(a <= x + _SLACK * a for a, x in zip(amounts, left)):  # noqa: B905
+                if ahead > 0 and book < ahead:
+                    return lease.received
+                for i, a in enumerate(amounts):
+                    left[i] = max(0.0, left[i] - a)
+                lease.calls += 1
+                slot.served += 1
+                return lease
+            if slot.next is None:
+                return None
+            slot.lease = None
 
     def borrow(self, op: AdmitOp) -> AdmitOp | BorrowOp:
         """What to send for a call :meth:`take` left to the backend (rule 4).
@@ -313,11 +391,102 @@ class Leases:
         slot.borrowing = -math.inf
         return answer, inner, local
 
-    def decided(self, op: AdmitOp, outcome: Reservation | Denied, sent: float) -> None:
-        """Remember the backend's denial of ``op`` (rule 3); a grant forgets it."""
+    def renewal(self, op: AdmitOp) -> Renewal | None:
+        """The plan's next lease to ask for now, off the caller's path, or None.
+
+        Due when the plan has been to the backend, no renewal is on its way,
+        no next lease is booked, the current one (if any) has started, and no
+        renewal was denied or failed too recently.  Marks
+        the renewal on its way: :meth:`renewed` (or :meth:`renew_failed`) ends it.
+        """
+        slot = self._slots.get(op.plan)
+        if slot is None or not slot.warm or slot.renewing or slot.next is not None:
+            return None
+        now = self._clock.monotonic()
+        lease = slot.lease
+        if now < slot.renew_after or (lease is not None and lease.received > now):
+            return None  # denied or failed lately, or the current lease is still ahead
+        with slot.lock:
+            if slot.renewing or slot.next is not None:
+                return None
+            slot.renewing = True
+            served, slot.served = slot.served, 0
+        amounts = op.amounts
+        most = min((al / a for a, al in zip(amounts, op.allowed) if a > 0), default=1.0)  # noqa: B905
+        calls = float(max(1, min(2 * served, math.floor(RENEW_SLICE * most))))
+        more = tuple(calls * a for a in amounts)
+        renew = AdmitOp(op.plan, more, op.allowed, None, op.aimd, self.lifetime)
+        return Renewal(renew, calls, amounts)
+
+    def renewed(self, renewal: Renewal, answer: AdmitResult, local: bool, sent: float) -> None:
+        """The backend's answer to ``renewal`` (``sent``: monotonic, before it was sent).
+
+        A grant is the plan's next lease, from its start; a denial is
+        remembered for one call, and the next renewal waits until a booking
+        could land within the lease lifetime.  Run by the local fallback, it
+        lends nothing (as a borrow there).
+        """
+        op = renewal.op
         slot = self._slot(op.plan)
         if slot is None:
             return
+        now = self._clock.monotonic()
+        if local:
+            slot.renew_after = now + self.lifetime
+        elif answer.granted:
+            ahead = answer.starts_in
+            lease = Lease(
+                self,
+                op.plan,
+                op.amounts,
+                list(op.amounts),
+                answer.now + ahead,
+                now + ahead,
+                sent + ahead + self.lifetime,
+            )
+            with slot.lock:
+                slot.next = lease
+                if not ahead:
+                    slot.denied = None
+        else:
+            wait = answer.wait
+            one = wait
+            if answer.paused_reason is None and renewal.calls > 1:  # one call fits sooner
+                check = next(
+                    (c for c in op.plan.checks
+                     if c.scope == answer.scope and c.dimension == answer.dimension),
+                    None,
+                )
+                if check is not None and check.rate > 0:
+                    index = op.plan.checks.index(check)
+                    one = wait - (renewal.calls - 1) * renewal.amounts[index] / check.rate
+            slot.renew_after = sent + max(wait - self.lifetime, self.lifetime / 8)
+            if not answer.never_fits and one > 0:
+                scope = answer.scope or op.plan.checks[0].scope
+                dim = answer.dimension
+                reason = (
+                    f"scope paused: {answer.paused_reason}"
+                    if answer.paused_reason is not None
+                    else f"{dim.value if dim else 'capacity'} limit reached"
+                )
+                held = Denied(retry_after=one, scope=scope, dimension=dim, reason=reason)
+                slot.denied = (held, sent + one, renewal.amounts)
+        slot.renewing = False
+
+    def renew_failed(self, renewal: Renewal) -> None:
+        """A renewal ended without an answer (an error): try again a little later."""
+        slot = self._slot(renewal.op.plan)
+        if slot is not None:
+            slot.renew_after = self._clock.monotonic() + self.lifetime / 8
+            slot.renewing = False
+
+    def decided(self, op: AdmitOp, outcome: Reservation | Denied, sent: float) -> None:
+        """Remember the backend's denial of ``op`` (rule 3); a grant forgets it.  Either
+        way the plan is now known: its leases are renewed ahead of need."""
+        slot = self._slot(op.plan)
+        if slot is None:
+            return
+        slot.warm = True
         if isinstance(outcome, Reservation):
             if not outcome.starts_in:  # it fits now: the denial is over
                 slot.denied = None
@@ -349,7 +518,13 @@ class Leases:
     def returns(self) -> list[ReturnOp]:
         """Give back what is left of every lease (closing); the leases are forgotten."""
         with self._lock:
-            leases = [s.lease for s in self._slots.values() if s is not None and s.lease]
+            leases = [
+                x
+                for s in self._slots.values()
+                if s is not None
+                for x in (s.lease, s.next)
+                if x is not None
+            ]
             self._slots = {}
         aimd = self.settler.aimd
         return [

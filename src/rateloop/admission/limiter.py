@@ -396,7 +396,12 @@ class Limiter:
         await self._runner.arun(self._feedback.observe_flow(scope, headers_or_signal))
 
     def close(self) -> None:
-        """Give back what is left of the local leases, then close the backend."""
+        """Give back what is left of the local leases, then close the backend.
+
+        Lease renewals under way finish first (at most a few seconds); none
+        starts after.
+        """
+        self._runner.stop_spawned()
         backend = self._runner.backend
         for op in self._admissions.returns():
             with contextlib.suppress(BackendError):  # unreachable: it drains instead
@@ -404,6 +409,7 @@ class Limiter:
         backend.close()
 
     async def aclose(self) -> None:
+        await self._runner.astop_spawned()
         backend = self._runner.backend
         for op in self._admissions.returns():
             with contextlib.suppress(BackendError):

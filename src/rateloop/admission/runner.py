@@ -5,7 +5,12 @@ How it works.  The limiter's public methods are generators (*flows*, in
 operation on the backend" or :class:`Sleep` "sleep this long" -- and receive
 their results.  :class:`BackendRunner` performs them: :meth:`BackendRunner.run`
 with blocking calls, :meth:`BackendRunner.arun` with awaits, so the algorithm
-is written once.  When the shared backend is unreachable and
+is written once.  A flow may also :class:`Spawn` another flow to run beside
+it (a lease renewed ahead of need, ``lease.py``): on a backend in this
+process it runs at once, inline; on a shared one in the background -- on the
+runner's worker threads under :meth:`~BackendRunner.run`, as a task of the
+running event loop under :meth:`~BackendRunner.arun` -- so the caller never
+waits for its round trip.  When the shared backend is unreachable and
 ``on_unreachable="local"``, an operation runs on a per-process memory backend
 holding ``local_share`` of every limit (:mod:`.local`) until
 :data:`LOCAL_RETRY_SECONDS` have passed; a settle always goes to the backend
@@ -22,7 +27,10 @@ nothing of limits, plans or reservations.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import queue
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -43,7 +51,12 @@ __all__ = [
     "Flow",
     "Refusals",
     "Sleep",
+    "Spawn",
 ]
+
+log = logging.getLogger("rateloop.admission")
+#: Worker threads that run spawned flows for the sync path, per runner (started lazily).
+SPAWN_WORKERS = 4
 
 #: After the shared backend was unreachable, stay local this long before retrying it.
 LOCAL_RETRY_SECONDS = 5.0
@@ -68,7 +81,18 @@ class Sleep:
     seconds: float
 
 
-_Step = Do | Sleep
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Run ``flow`` beside the spawning flow, which goes on at once (its result is dropped).
+
+    The spawned flow handles its own errors: one that escapes is logged (its
+    type only) and dropped.
+    """
+
+    flow: Generator[Any, Any, None]
+
+
+_Step = Do | Sleep | Spawn
 #: (result, the op actually run, ran locally).  ``Any``: the result's type is the
 #: op's (an AdmitResult for an AdmitOp, ...); typed where it is read, not cast at run time.
 Done = tuple[Any, Any, bool]
@@ -153,6 +177,12 @@ class BackendRunner:
         # their scaled twins: what is still in use of them is carried back on return.
         self._local_plans: dict[int, tuple[AdmitPlan, AdmitPlan]] = {}
         self._carrying = False  # a caller is booking the local grants on the shared backend
+        # Spawned flows: inline on a backend in this process, else in the background.
+        self._inline = getattr(self._backend, "url", "").startswith("memory:")
+        self._spawned: queue.SimpleQueue[Generator[Any, Any, None] | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False  # closing: spawn nothing more
 
     @property
     def backend(self) -> Backend:
@@ -166,6 +196,11 @@ class BackendRunner:
     @property
     def on_unreachable(self) -> Literal["fail_closed", "local"]:
         return self._on_unreachable
+
+    @property
+    def falling_back(self) -> bool:
+        """Has the shared backend been unreachable, and the runner not returned to it yet?"""
+        return self._local_until != _NEVER
 
     @property
     def local(self) -> MemoryBackend | None:
@@ -392,11 +427,14 @@ class BackendRunner:
         try:
             step = next(flow)
             while True:
-                if isinstance(step, Sleep):
+                if isinstance(step, Do):
+                    step = flow.send(self.execute(step.op, step.local, step.deadline))
+                elif isinstance(step, Sleep):
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(self.execute(step.op, step.local, step.deadline))
+                    self.spawn(step.flow)
+                    step = flow.send(None)
         except StopIteration as stop:
             return cast(T, stop.value)
 
@@ -404,13 +442,88 @@ class BackendRunner:
         try:
             step = next(flow)
             while True:
-                if isinstance(step, Sleep):
+                if isinstance(step, Do):
+                    step = flow.send(await self.aexecute(step.op, step.local, step.deadline))
+                elif isinstance(step, Sleep):
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    step = flow.send(await self.aexecute(step.op, step.local, step.deadline))
+                    await self.aspawn(step.flow)
+                    step = flow.send(None)
         except StopIteration as stop:
             return cast(T, stop.value)
+
+    # -- spawned flows: beside the caller, never in its way ----------------------------------
+
+    def spawn(self, flow: Generator[Any, Any, None]) -> None:
+        """Run ``flow`` inline (a backend in this process) or on a worker thread."""
+        if self._stopped:
+            flow.close()
+            return
+        if self._inline:
+            self._quietly(flow)
+            return
+        if len(self._workers) < SPAWN_WORKERS:
+            with self._lock:
+                if len(self._workers) < SPAWN_WORKERS and not self._stopped:
+                    worker = threading.Thread(
+                        target=self._work, name="rateloop-admission", daemon=True
+                    )
+                    self._workers.append(worker)
+                    worker.start()
+        self._spawned.put(flow)
+
+    async def aspawn(self, flow: Generator[Any, Any, None]) -> None:
+        """Run ``flow`` inline (a backend in this process) or as a task of the running loop."""
+        if self._stopped:
+            flow.close()
+            return
+        if self._inline:
+            await self._aquietly(flow)
+            return
+        task = asyncio.get_running_loop().create_task(self._aquietly(flow))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _work(self) -> None:
+        while (flow := self._spawned.get()) is not None:
+            self._quietly(flow)
+
+    def _quietly(self, flow: Generator[Any, Any, None]) -> None:
+        try:
+            self.run(flow)
+        except Exception as exc:  # unreachable, a timeout: the flow cleans up as it closes
+            log.debug("a background admission step failed: %s", type(exc).__name__)
+        finally:
+            flow.close()  # an error left it at its step: its cleanup runs now
+
+    async def _aquietly(self, flow: Generator[Any, Any, None]) -> None:
+        try:
+            await self.arun(flow)
+        except Exception as exc:
+            log.debug("a background admission step failed: %s", type(exc).__name__)
+        finally:
+            flow.close()
+
+    def stop_spawned(self, timeout: float = 5.0) -> None:
+        """Let the spawned flows under way finish (at most ``timeout``); spawn no more."""
+        with self._lock:
+            self._stopped = True
+            workers, self._workers = self._workers, []
+        for _ in workers:
+            self._spawned.put(None)
+        for worker in workers:
+            worker.join(timeout)
+
+    async def astop_spawned(self, timeout: float = 5.0) -> None:
+        """Let the spawned tasks under way finish (at most ``timeout``), then cancel the rest."""
+        self._stopped = True
+        tasks = list(self._tasks)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.
