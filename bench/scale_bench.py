@@ -4,7 +4,7 @@ Usage::
 
     python bench/scale_bench.py [--processes 8] [--threads 16] [--rates 10000]
         [--seconds 8] [--models 24] [--tenants 20] [--per-second 10] [--lease-secs 1]
-        [--redis redis://127.0.0.1:6379/0] [--no-cluster]
+        [--affinity] [--redis redis://127.0.0.1:6379/0] [--no-cluster]
         [--cases rateloop,rateloop-leases,limits-moving,limits-sliding,ping,local]
         [--json out.json]
 
@@ -12,8 +12,10 @@ Usage::
 paced open-loop: each thread has its own schedule (``threads x processes /
 rate`` apart, staggered) and, when it falls behind, calls at once to catch up.
 Every decision is for one of ``models x tenants`` tenant scopes, picked at
-random; the models are the keys' hash tags, so on the cluster the scopes spread
-over the shards.  Each tenant scope allows ``per-second`` requests a second (10 by
+random (with ``--affinity``, each process only among the scopes routed to it:
+index mod processes, as an application that routes each tenant to one worker);
+the models are the keys' hash tags, so on the cluster the scopes spread over the
+shards.  Each tenant scope allows ``per-second`` requests a second (10 by
 default; offered at 10k/s: about twice that), so about half the decisions are
 denials:
 
@@ -174,7 +176,7 @@ def make_decide(
 
 def caller(
     decide: Decide,
-    nscopes: int,
+    mine: list[int],
     first: float,
     interval: float,
     end: float,
@@ -189,7 +191,7 @@ def caller(
         now = time.time()
         if at > now:
             time.sleep(at - now)  # pacing the offered load: the bench runs on real time
-        i = rng.randrange(nscopes)
+        i = mine[rng.randrange(len(mine))]
         before = time.time()
         t0 = time.perf_counter()
         ok, decided = decide(i)
@@ -218,8 +220,12 @@ def worker(
     log: str,
     per_second: int = PER_SECOND,
     lease_secs: float = 1.0,
+    affinity: bool = False,
 ) -> None:
-    """One process: ``threads`` callers sharing one limiter; results to ``log`` (JSON)."""
+    """One process: ``threads`` callers sharing one limiter; results to ``log`` (JSON).
+
+    ``affinity``: this process decides only the scopes ``i`` with ``i % processes ==
+    index`` (each tenant routed to one process); else any scope."""
     scopes = scope_names(models, tenants)
     decide = make_decide(case, url, prefix, [*scopes, ("warm", "warm")], per_second, lease_secs)
     warm = len(scopes)  # a scope outside the checked ones: connections, scripts, caches
@@ -237,13 +243,15 @@ def worker(
     start.wait()
     begin = t0.value
     outs = [{"lat": [], "late": [], "grants": []} for _ in range(threads)]
-    nthreads_all = threads * int(os.environ.get("SCALE_PROCESSES", "1"))
+    processes = int(os.environ.get("SCALE_PROCESSES", "1"))
+    nthreads_all = threads * processes
+    mine = [i for i in range(len(scopes)) if not affinity or i % processes == index]
     pool = [
         threading.Thread(
             target=caller,
             args=(
                 decide,
-                len(scopes),
+                mine,
                 begin + interval * (index * threads + k) / nthreads_all,
                 interval,
                 begin + seconds,
@@ -293,6 +301,7 @@ def run_case(
                 logs[i],
                 args.per_second,
                 args.lease_secs,
+                args.affinity,
             ),
         )
         for i in range(args.processes)
@@ -467,6 +476,11 @@ def main() -> None:
     parser.add_argument(
         "--lease-secs", type=float, default=1.0, help="rateloop-leases: local_lease_secs"
     )
+    parser.add_argument(
+        "--affinity",
+        action="store_true",
+        help="route each tenant scope to one process (scope index mod processes)",
+    )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-cluster", action="store_true", help="only the single Redis")
     parser.add_argument("--cases", default=",".join(CASES))
@@ -505,7 +519,8 @@ def main() -> None:
     print()
     print(
         f"{'target':10} {'case':15} {'offered':>7} {'achieved':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'p99.9 ms':>8} {'late p99':>8} {'grants':>7} {'over':>5} {'>W':>4}  server µs/call"
+        f"{'p99.9 ms':>8} {'late p99':>8} {'grants':>7} {'over':>5} {'>W':>4} {'trips':>6}"
+        f"  server µs/call"
     )
     for r in results:
         cmds = ", ".join(
@@ -517,10 +532,21 @@ def main() -> None:
             f"{r['target']:10} {r['case']:15} {r['offered']:>7.0f} {r['achieved']:>8.0f} "
             f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['p999_ms']:>8.2f} "
             f"{r['late_p99_ms']:>8.2f} {r['grants']:>7} {r['scopes_over']:>5} "
-            f"{r.get('scopes_over_plain', '-')!s:>4}  {cmds}"
+            f"{r.get('scopes_over_plain', '-')!s:>4} {trips(r):>6}  {cmds}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def trips(r: dict[str, Any]) -> str:
+    """Round trips to Redis per decision (scripts and PINGs, background ones included;
+    the server's counts, other traffic on a shared Redis included)."""
+    calls = sum(
+        v["calls"]
+        for n, v in r["server"]["commands"].items()
+        if n in ("evalsha", "eval", "ping")
+    )
+    return f"{100 * calls / max(1, r['decisions']):.1f}%" if calls else "-"
 
 
 def report(r: dict[str, Any]) -> None:

@@ -222,7 +222,7 @@ def test_plans_with_a_day_quota_or_concurrency_do_not_lease() -> None:
 
 def test_a_remembered_denial_is_local_but_a_booking_still_asks() -> None:
     clock = FakeClock()
-    backend, (a,) = fleet(1, clock, lease=0.05)  # a renewal books at most 0.05 s ahead
+    backend, (a,) = fleet(1, clock, lease=0.04)  # a renewal books at most 2 L = 0.08 s ahead
     grants(a, 10)  # the 10th call's renewal is denied: the next start is 0.1 s away
     trips = backend.trips
     d = a.try_reserve(ROUTE, Cost())

@@ -30,15 +30,17 @@ from datetime import timedelta
 from rateloop.admission.gcra import AIMD, pause_spread
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.learning import LearnedOp
-from rateloop.admission.lease import Leases, Renewal
+from rateloop.admission.lease import Leases
 from rateloop.admission.plan import AdmitOp, AdmitResult, Check, ReturnOp, SettleOp
+from rateloop.admission.renewal import Renewal, Renewals
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
     Denied,
     Reservation,
 )
-from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep, Spawn
+from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep
+from rateloop.admission.spawned import Spawn
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import clamp_wait
 
@@ -79,6 +81,7 @@ class Admissions:
             if lease_secs is None
             else Leases(lease_secs, clock=runner.clock, refusals=runner.refusals, settler=self)
         )
+        self._renewals = None if self.leases is None else Renewals(self.leases)
 
     # -- what a reservation calls back (the Settler protocol) ---------------------------
 
@@ -201,11 +204,7 @@ class Admissions:
         assert leases is not None
         local = leases.take(op, route, cost)
         if local is not None:
-            # Decided here: the next lease is booked off this caller's path, when due
-            # (never on the local fallback: it lends nothing).
-            renewal = None if self._runner.falling_back else leases.renewal(op)
-            if renewal is not None:
-                yield Spawn(self._renew_flow(renewal))
+            yield from self._renew(op)
             return local
         send = leases.borrow(op)
         sent = self._clock.monotonic()
@@ -216,17 +215,26 @@ class Admissions:
             raise
         outcome = self.admit_outcome(route, cost, leases.borrowed(send, done, sent))
         leases.decided(op, outcome, sent)
+        yield from self._renew(op)
         return outcome
+
+    def _renew(self, op: AdmitOp) -> Flow[None]:
+        """Book the plan's next lease off this caller's path, when one is due (never on the
+        local fallback: it lends nothing)."""
+        assert self._renewals is not None
+        renewal = None if self._runner.falling_back else self._renewals.renewal(op)
+        if renewal is not None:
+            yield Spawn(self._renew_flow(renewal))
 
     def _renew_flow(self, renewal: Renewal) -> Flow[None]:
         """Ask for a plan's next lease (``lease.py``, "Renewal ahead of need")."""
-        leases = self.leases
-        assert leases is not None
+        renewals = self._renewals
+        assert renewals is not None
         sent = self._clock.monotonic()
         try:
             done = yield Do(renewal.op)
         except BaseException:  # an error, a cancellation, the flow closed: try again later
-            leases.renew_failed(renewal)
+            renewals.renew_failed(renewal)
             raise
         result: AdmitResult = done[0]
         local: bool = done[2]
@@ -234,7 +242,7 @@ class Admissions:
             self._refusals.note(result.refused, local)
         if result.granted and result.starts_in > 0.0 and not local:
             self._runner.booked_ahead(renewal.op.plan.scopes, result.starts_in)
-        leases.renewed(renewal, result, local, sent)
+        renewals.renewed(renewal, result, local, sent)
 
     def returns(self) -> list[ReturnOp]:
         """What closing gives back of the leases (none without leases)."""

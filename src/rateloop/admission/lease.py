@@ -29,22 +29,7 @@ the backend as before), in order:
 4. Otherwise the call borrows (one round trip).  One borrow per plan at a
    time: a call meanwhile goes to the backend alone.
 
-Renewal ahead of need.  Once a plan has been to the backend, the process keeps
-its *next* lease booked before the current one runs out, off the caller's path
-(the flow spawns it: a worker thread or a task, ``runner.py``): a plain
-admission of ``n`` calls' worth *booked* up to ``L`` ahead
-(:class:`~rateloop.admission.plan.AdmitOp` ``book``), so on a full scope it
-lands at the scope's next free start, queued behind every other process's.
-``n`` is twice what the process used since its previous renewal, at least one
-call and at most 5 % of the allowance (the slice a nearly full bucket lends).
-A call that finds the current lease spent and the next one booked ahead is
-denied in the process until that start -- the scope has nothing for it
-before then -- and the first call after it grants from it.  A renewal the
-backend denies (nothing free within ``L``) is remembered as a denial for one
-call, and the next renewal waits until a booking could land within ``L``.  So
-on a busy scope nearly every decision is taken in the process: a round trip
-on the caller's path is left for a plan's first call and for a call that
-arrives while a renewal is still on its way with nothing else known.
+Renewal ahead of need: :mod:`rateloop.admission.renewal`.
 
 A grant from a lease is a :class:`~rateloop.admission.reservation.Reservation`
 whose settle goes to its lease while the lease lives -- unused tokens go back
@@ -74,7 +59,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from operator import ge
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from rateloop._clock import Clock
 from rateloop.admission.gcra import AIMD
@@ -91,7 +76,7 @@ from rateloop.admission.reservation import Denied, Reservation, Settler
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 
-__all__ = ["MAX_LEASE_SECONDS", "RENEW_SLICE", "Lease", "Leases", "Renewal", "lease_seconds"]
+__all__ = ["MAX_LEASE_SECONDS", "Lease", "Leases", "lease_seconds"]
 
 #: The longest lease lifetime ``local_lease_secs`` may set (seconds).
 MAX_LEASE_SECONDS = 60.0
@@ -99,8 +84,6 @@ MAX_LEASE_SECONDS = 60.0
 #: call's amounts from ``k`` times them may leave a rounding error below the last call.
 _SLACK = 1e-9
 _SLOTS_KEPT = 4096
-#: A renewal asks for at most this share of each allowance (a nearly full bucket's slice).
-RENEW_SLICE = 0.05
 _MINUTE = frozenset(
     {Dimension.REQUESTS, Dimension.INPUT_TOKENS, Dimension.OUTPUT_TOKENS, Dimension.TOKENS}
 )
@@ -202,15 +185,6 @@ class _Slot:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class Renewal(NamedTuple):
-    """A plan's next lease, asked for off the caller's path: ``op`` is ``calls`` of one
-    call's ``amounts``, booked up to ``L`` ahead."""
-
-    op: AdmitOp
-    calls: float
-    amounts: tuple[float, ...]
-
-
 #: ``_slots.get``'s default: a plan not seen yet.
 _UNKNOWN = _Slot()
 
@@ -242,7 +216,7 @@ class Leases:
         )
         return f"Leases(lifetime={self.lifetime:g}s, plans={len(self._slots)}, leases={live})"
 
-    def _slot(self, plan: AdmitPlan) -> _Slot | None:
+    def slot(self, plan: AdmitPlan) -> _Slot | None:
         slot = self._slots.get(plan, _UNKNOWN)
         if slot is not _UNKNOWN:
             return slot
@@ -258,10 +232,18 @@ class Leases:
                 }
             return self._slots.setdefault(plan, new)
 
+    def known(self, plan: AdmitPlan) -> _Slot | None:
+        """``plan``'s slot if it has one already (None: not seen yet, or it cannot lease)."""
+        return self._slots.get(plan)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
     def take(self, op: AdmitOp, route: Route, cost: Cost) -> Reservation | Denied | None:
         """Decide ``op`` in the process (rules 1-3), or None: ask the backend."""
         plan = op.plan
-        slot = self._slot(plan)
+        slot = self.slot(plan)
         if slot is None:
             return None
         now = self._clock.monotonic()
@@ -341,7 +323,7 @@ class Leases:
         served (at least one call), unless the plan cannot lease or one of
         its borrows is under way: then ``op`` alone.
         """
-        slot = self._slot(op.plan)
+        slot = self.slot(op.plan)
         if slot is None:
             return op
         now = self._clock.monotonic()
@@ -356,7 +338,7 @@ class Leases:
     def abandon(self, sent: object) -> None:
         """A borrow ended without an answer (an error, a cancellation): let the next one go."""
         if type(sent) is BorrowOp:
-            slot = self._slot(sent.op.plan)
+            slot = self.slot(sent.op.plan)
             if slot is not None:
                 slot.borrowing = -math.inf
 
@@ -371,7 +353,7 @@ class Leases:
         """
         if type(send) is not BorrowOp:
             return done
-        slot = self._slot(send.op.plan)
+        slot = self.slot(send.op.plan)
         result, ran, local = done
         if type(ran) is not BorrowOp:  # run by the local fallback: the call alone
             if slot is not None:
@@ -391,99 +373,10 @@ class Leases:
         slot.borrowing = -math.inf
         return answer, inner, local
 
-    def renewal(self, op: AdmitOp) -> Renewal | None:
-        """The plan's next lease to ask for now, off the caller's path, or None.
-
-        Due when the plan has been to the backend, no renewal is on its way,
-        no next lease is booked, the current one (if any) has started, and no
-        renewal was denied or failed too recently.  Marks
-        the renewal on its way: :meth:`renewed` (or :meth:`renew_failed`) ends it.
-        """
-        slot = self._slots.get(op.plan)
-        if slot is None or not slot.warm or slot.renewing or slot.next is not None:
-            return None
-        now = self._clock.monotonic()
-        lease = slot.lease
-        if now < slot.renew_after or (lease is not None and lease.received > now):
-            return None  # denied or failed lately, or the current lease is still ahead
-        with slot.lock:
-            if slot.renewing or slot.next is not None:
-                return None
-            slot.renewing = True
-            served, slot.served = slot.served, 0
-        amounts = op.amounts
-        most = min((al / a for a, al in zip(amounts, op.allowed) if a > 0), default=1.0)  # noqa: B905
-        calls = float(max(1, min(2 * served, math.floor(RENEW_SLICE * most))))
-        more = tuple(calls * a for a in amounts)
-        renew = AdmitOp(op.plan, more, op.allowed, None, op.aimd, self.lifetime)
-        return Renewal(renew, calls, amounts)
-
-    def renewed(self, renewal: Renewal, answer: AdmitResult, local: bool, sent: float) -> None:
-        """The backend's answer to ``renewal`` (``sent``: monotonic, before it was sent).
-
-        A grant is the plan's next lease, from its start; a denial is
-        remembered for one call, and the next renewal waits until a booking
-        could land within the lease lifetime.  Run by the local fallback, it
-        lends nothing (as a borrow there).
-        """
-        op = renewal.op
-        slot = self._slot(op.plan)
-        if slot is None:
-            return
-        now = self._clock.monotonic()
-        if local:
-            slot.renew_after = now + self.lifetime
-        elif answer.granted:
-            ahead = answer.starts_in
-            lease = Lease(
-                self,
-                op.plan,
-                op.amounts,
-                list(op.amounts),
-                answer.now + ahead,
-                now + ahead,
-                sent + ahead + self.lifetime,
-            )
-            with slot.lock:
-                slot.next = lease
-                if not ahead:
-                    slot.denied = None
-        else:
-            wait = answer.wait
-            one = wait
-            if answer.paused_reason is None and renewal.calls > 1:  # one call fits sooner
-                check = next(
-                    (c for c in op.plan.checks
-                     if c.scope == answer.scope and c.dimension == answer.dimension),
-                    None,
-                )
-                if check is not None and check.rate > 0:
-                    index = op.plan.checks.index(check)
-                    one = wait - (renewal.calls - 1) * renewal.amounts[index] / check.rate
-            slot.renew_after = sent + max(wait - self.lifetime, self.lifetime / 8)
-            if not answer.never_fits and one > 0:
-                scope = answer.scope or op.plan.checks[0].scope
-                dim = answer.dimension
-                reason = (
-                    f"scope paused: {answer.paused_reason}"
-                    if answer.paused_reason is not None
-                    else f"{dim.value if dim else 'capacity'} limit reached"
-                )
-                held = Denied(retry_after=one, scope=scope, dimension=dim, reason=reason)
-                slot.denied = (held, sent + one, renewal.amounts)
-        slot.renewing = False
-
-    def renew_failed(self, renewal: Renewal) -> None:
-        """A renewal ended without an answer (an error): try again a little later."""
-        slot = self._slot(renewal.op.plan)
-        if slot is not None:
-            slot.renew_after = self._clock.monotonic() + self.lifetime / 8
-            slot.renewing = False
-
     def decided(self, op: AdmitOp, outcome: Reservation | Denied, sent: float) -> None:
         """Remember the backend's denial of ``op`` (rule 3); a grant forgets it.  Either
         way the plan is now known: its leases are renewed ahead of need."""
-        slot = self._slot(op.plan)
+        slot = self.slot(op.plan)
         if slot is None:
             return
         slot.warm = True

@@ -401,7 +401,7 @@ class Limiter:
         Lease renewals under way finish first (at most a few seconds); none
         starts after.
         """
-        self._runner.stop_spawned()
+        self._runner.spawned.stop()
         backend = self._runner.backend
         for op in self._admissions.returns():
             with contextlib.suppress(BackendError):  # unreachable: it drains instead
@@ -409,7 +409,7 @@ class Limiter:
         backend.close()
 
     async def aclose(self) -> None:
-        await self._runner.astop_spawned()
+        await self._runner.spawned.astop()
         backend = self._runner.backend
         for op in self._admissions.returns():
             with contextlib.suppress(BackendError):

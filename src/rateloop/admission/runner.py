@@ -27,10 +27,7 @@ nothing of limits, plans or reservations.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
-import queue
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -41,6 +38,7 @@ from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.local import carry_ops, scaled_op
 from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, Refused, SettleOp
+from rateloop.admission.spawned import Spawn, Spawned
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -51,12 +49,7 @@ __all__ = [
     "Flow",
     "Refusals",
     "Sleep",
-    "Spawn",
 ]
-
-log = logging.getLogger("rateloop.admission")
-#: Worker threads that run spawned flows for the sync path, per runner (started lazily).
-SPAWN_WORKERS = 4
 
 #: After the shared backend was unreachable, stay local this long before retrying it.
 LOCAL_RETRY_SECONDS = 5.0
@@ -79,17 +72,6 @@ class Do:
 @dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Spawn:
-    """Run ``flow`` beside the spawning flow, which goes on at once (its result is dropped).
-
-    The spawned flow handles its own errors: one that escapes is logged (its
-    type only) and dropped.
-    """
-
-    flow: Generator[Any, Any, None]
 
 
 _Step = Do | Sleep | Spawn
@@ -178,11 +160,9 @@ class BackendRunner:
         self._local_plans: dict[int, tuple[AdmitPlan, AdmitPlan]] = {}
         self._carrying = False  # a caller is booking the local grants on the shared backend
         # Spawned flows: inline on a backend in this process, else in the background.
-        self._inline = getattr(self._backend, "url", "").startswith("memory:")
-        self._spawned: queue.SimpleQueue[Generator[Any, Any, None] | None] = queue.SimpleQueue()
-        self._workers: list[threading.Thread] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._stopped = False  # closing: spawn nothing more
+        self.spawned = Spawned(
+            self.run, self.arun, inline=getattr(self._backend, "url", "").startswith("memory:")
+        )
 
     @property
     def backend(self) -> Backend:
@@ -433,7 +413,7 @@ class BackendRunner:
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    self.spawn(step.flow)
+                    self.spawned.spawn(step.flow)
                     step = flow.send(None)
         except StopIteration as stop:
             return cast(T, stop.value)
@@ -448,82 +428,10 @@ class BackendRunner:
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
                 else:
-                    await self.aspawn(step.flow)
+                    await self.spawned.aspawn(step.flow)
                     step = flow.send(None)
         except StopIteration as stop:
             return cast(T, stop.value)
-
-    # -- spawned flows: beside the caller, never in its way ----------------------------------
-
-    def spawn(self, flow: Generator[Any, Any, None]) -> None:
-        """Run ``flow`` inline (a backend in this process) or on a worker thread."""
-        if self._stopped:
-            flow.close()
-            return
-        if self._inline:
-            self._quietly(flow)
-            return
-        if len(self._workers) < SPAWN_WORKERS:
-            with self._lock:
-                if len(self._workers) < SPAWN_WORKERS and not self._stopped:
-                    worker = threading.Thread(
-                        target=self._work, name="rateloop-admission", daemon=True
-                    )
-                    self._workers.append(worker)
-                    worker.start()
-        self._spawned.put(flow)
-
-    async def aspawn(self, flow: Generator[Any, Any, None]) -> None:
-        """Run ``flow`` inline (a backend in this process) or as a task of the running loop."""
-        if self._stopped:
-            flow.close()
-            return
-        if self._inline:
-            await self._aquietly(flow)
-            return
-        task = asyncio.get_running_loop().create_task(self._aquietly(flow))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _work(self) -> None:
-        while (flow := self._spawned.get()) is not None:
-            self._quietly(flow)
-
-    def _quietly(self, flow: Generator[Any, Any, None]) -> None:
-        try:
-            self.run(flow)
-        except Exception as exc:  # unreachable, a timeout: the flow cleans up as it closes
-            log.debug("a background admission step failed: %s", type(exc).__name__)
-        finally:
-            flow.close()  # an error left it at its step: its cleanup runs now
-
-    async def _aquietly(self, flow: Generator[Any, Any, None]) -> None:
-        try:
-            await self.arun(flow)
-        except Exception as exc:
-            log.debug("a background admission step failed: %s", type(exc).__name__)
-        finally:
-            flow.close()
-
-    def stop_spawned(self, timeout: float = 5.0) -> None:
-        """Let the spawned flows under way finish (at most ``timeout``); spawn no more."""
-        with self._lock:
-            self._stopped = True
-            workers, self._workers = self._workers, []
-        for _ in workers:
-            self._spawned.put(None)
-        for worker in workers:
-            worker.join(timeout)
-
-    async def astop_spawned(self, timeout: float = 5.0) -> None:
-        """Let the spawned tasks under way finish (at most ``timeout``), then cancel the rest."""
-        self._stopped = True
-        tasks = list(self._tasks)
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.
