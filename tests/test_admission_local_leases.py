@@ -188,8 +188,14 @@ def test_a_booked_lease_is_taken_by_a_booking_and_starts_when_it_was_booked() ->
     assert isinstance(booked, Reservation)
     assert booked.starts_in == pytest.approx(0.1) and backend.trips == 1
     assert booked.granted_at + booked.starts_in == pytest.approx(0.1)
-    nothing = a.try_reserve(ROUTE, Cost(), book_within=0.05)  # not that far: asks the backend
-    assert isinstance(nothing, Denied) and backend.trips == 2
+    # That lease found the scope full at its start: nothing is free before one call's refill
+    # after it (0.2), what the backend would answer too -- denied in the process.
+    nothing = a.try_reserve(ROUTE, Cost(), book_within=0.05)
+    assert isinstance(nothing, Denied) and nothing.retry_after == pytest.approx(0.2)
+    assert backend.trips == 1
+    later = a.try_reserve(ROUTE, Cost(), book_within=0.5)  # far enough: the backend books it
+    assert isinstance(later, Reservation) and later.starts_in == pytest.approx(0.2)
+    assert backend.trips == 2
 
 
 def test_a_lease_lives_local_lease_secs_from_its_borrow() -> None:

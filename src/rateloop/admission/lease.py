@@ -139,6 +139,8 @@ class Lease:
     received: float
     expires: float
     calls: int = 0
+    #: Booked ahead, its start found the scope full: nothing is free before this (monotonic).
+    full_until: float = -math.inf
 
     def backend_now(self, now: float) -> float:
         """The backend's time at the monotonic ``now``, never later than it really is."""
@@ -285,8 +287,10 @@ class Leases:
         """Take ``amounts`` from the current lease, then the next (under the slot's lock).
 
         Returns the lease taken from -- one booked ahead only for a call that
-        books at least that far (``book``) --, or the start (monotonic) of a
-        lease that has not started, or None: no lease can.  A lease expired,
+        books at least that far (``book``) --, or a monotonic time nothing is
+        free before: the start of a lease that has not started, or, for a spent
+        lease that was booked ahead, one call's refill after its start (the
+        scope was full then); or None: no lease can.  A lease expired,
         refused or too small for the call gives way to the next one; what is
         left of it drains.
         """
@@ -312,8 +316,8 @@ class Leases:
                 lease.calls += 1
                 slot.served += 1
                 return lease
-            if slot.next is None:
-                return None
+            if slot.next is None:  # spent: a lease booked ahead knows the scope is full
+                return lease.full_until if lease.full_until > now + book else None
             slot.lease = None
 
     def borrow(self, op: AdmitOp) -> AdmitOp | BorrowOp:

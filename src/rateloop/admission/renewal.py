@@ -114,6 +114,9 @@ class Renewals:
                 now + ahead,
                 sent + ahead + self._leases.lifetime,
             )
+            if ahead:  # booked at the next free start: the scope is full until a call drains
+                drain = (a / c.rate for a, c in zip(renewal.amounts, op.plan.checks) if c.rate > 0)  # noqa: B905
+                lease.full_until = now + ahead + min(drain, default=0.0)
             with slot.lock:
                 slot.next = lease
                 if not ahead:

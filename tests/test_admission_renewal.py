@@ -1,0 +1,272 @@
+"""Leases renewed ahead of need (``renewal.py``, ``spawned.py``): the next lease is booked off
+the caller's path, so a busy process decides nearly every admission without a round trip.
+
+Limiters sharing one :class:`Counting` backend (a real MemoryBackend that counts what it
+runs) stand for processes sharing a Redis, on virtual time: there a renewal runs inline, at
+once, and ``trips`` counts only the callers' round trips.  On the real Redis renewals run on
+worker threads (sync) or as tasks (async): a counting wrapper around the real Redis backend
+shows on which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import Counter
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from rateloop.admission import LimitSpec
+from rateloop.admission.backends.redis import RedisBackend
+from rateloop.admission.limiter import Limiter
+from rateloop.admission.plan import AdmitOp
+from rateloop.admission.reservation import Denied, Reservation
+from rateloop.admission.spawned import Spawned
+from rateloop.route import Cost, Route
+from rateloop.testing import FakeClock
+from test_admission_local_leases import MODEL, ROUTE, TEN, Counting, fleet, grants
+from test_admission_stress_redis import max_window_excess
+
+
+def _fleet_calls(
+    processes: int,
+    routes: list[Route],
+    spec: LimitSpec,
+    rate: float,
+    seconds: float,
+    affinity: bool = False,
+) -> tuple[Counting, int, list[list[float]]]:
+    """``rate`` calls a second for ``seconds`` of virtual time, each from a random process
+    (or, with ``affinity``, from the one its route is routed to) for a random route.
+    Returns the backend, the decisions, and each route's grant times."""
+    clock = FakeClock()
+    backend = Counting(clock)
+    limits = {r.scope: spec for r in routes}
+    limiters = [
+        Limiter(backend, limits=limits, clock=clock, rng=random.Random(i), local_lease_secs=1.0)
+        for i in range(processes)
+    ]
+    rng = random.Random(7)
+    granted: list[list[float]] = [[] for _ in routes]
+    decisions = int(rate * seconds)
+    for _ in range(decisions):
+        clock.advance(1 / rate)
+        j = rng.randrange(len(routes))
+        process = j % processes if affinity else rng.randrange(processes)
+        r = limiters[process].try_reserve(routes[j], Cost())
+        if isinstance(r, Reservation):
+            assert r.starts_in == 0.0
+            granted[j].append(clock.monotonic())
+    return backend, decisions, granted
+
+
+def test_on_hot_scopes_nearly_every_decision_is_taken_in_the_process() -> None:
+    # 8 processes, 2 scopes of 100 at once and 100 a second, offered 500 calls a second:
+    # each process sees each scope ~31 times a second, and the scopes are full.
+    routes = [Route(provider="hot", model=m) for m in ("a", "b")]
+    spec = LimitSpec(requests_per_minute=6_000, burst=1 / 60)
+    backend, decisions, granted = _fleet_calls(8, routes, spec, 500.0, 4.0)
+    # Round trips on the callers' path: each process's first call per scope (16) and a
+    # few more.  Without renewals a full scope sends about a third of its calls.
+    assert backend.trips <= 0.02 * decisions
+    assert backend.ops["Renewal"] > 0
+    allowed = 100 + 100 * 4.0
+    for times in granted:
+        assert len(times) >= 0.9 * allowed  # the scope's capacity is used
+        # and never beyond the leases' bound: capacity + rate × (W + L)
+        assert max_window_excess([(t, 1.0) for t in times], 100 + 100 * 1.0, 100) <= 1e-6
+
+
+def test_thin_tenants_routed_one_per_process_are_decided_in_the_process() -> None:
+    # 48 tenants of 10 a second, each routed to one of 8 processes, offered 1,000 a second.
+    routes = [Route(provider="thin", model="m", project="p", tenant=f"t{i}") for i in range(48)]
+    spec = LimitSpec(requests_per_minute=600, burst=1 / 60)
+    backend, decisions, granted = _fleet_calls(8, routes, spec, 1_000.0, 4.0, affinity=True)
+    assert backend.trips <= 48 + 0.01 * decisions  # each tenant's first call, and few more
+    assert sum(map(len, granted)) >= 0.9 * 48 * (10 + 10 * 4.0)
+
+
+def test_a_call_before_the_next_lease_starts_is_denied_until_then_in_the_process() -> None:
+    clock = FakeClock()
+    backend, (a,) = fleet(1, clock)
+    b = Limiter(backend, limits=TEN, clock=clock)  # a process without leases
+    assert grants(b, 10) == 10  # b fills the bucket
+    assert grants(a, 1) == 0  # a's first call: denied by the backend, for 0.1 s
+    trips = backend.trips
+    # That answer made the route known: its renewal booked a lease at the next free start.
+    assert backend.ops["Renewal"] >= 1
+    denied = a.try_reserve(ROUTE, Cost())
+    assert isinstance(denied, Denied) and denied.retry_after == pytest.approx(0.1)
+    assert backend.trips == trips
+    clock.advance(0.1)
+    r = a.try_reserve(ROUTE, Cost())
+    assert isinstance(r, Reservation) and r.granted_at == pytest.approx(0.1)
+    assert backend.trips == trips  # granted from the booked lease
+
+
+def test_a_denied_renewal_is_remembered_and_the_next_waits_for_its_horizon() -> None:
+    clock = FakeClock()
+    backend, (a,) = fleet(1, clock, lease=0.04)  # renewals book at most 2 L = 0.08 s ahead
+    grants(a, 10)  # the 10th call's renewal is denied: the next free start is 0.1 s away
+    renewals = backend.ops["Renewal"]
+    for _ in range(3):  # denied in the process (for one call, until 0.1); no renewal yet
+        clock.advance(0.005)
+        assert isinstance(a.try_reserve(ROUTE, Cost()), Denied)
+    assert backend.ops["Renewal"] == renewals and backend.trips == 1
+    clock.advance(0.006)  # past 0.02: a booking at 0.1 is now within 0.08
+    assert isinstance(a.try_reserve(ROUTE, Cost()), Denied)
+    assert backend.ops["Renewal"] == renewals + 1
+    clock.advance(0.079)
+    assert isinstance(a.try_reserve(ROUTE, Cost()), Reservation)
+    assert backend.trips == 1
+
+
+def test_a_pause_voids_the_lease_booked_next() -> None:
+    clock = FakeClock()
+    _, (a,) = fleet(1, clock)
+    grants(a, 10)  # the next lease is booked 0.1 s ahead
+    a.pause(MODEL, 30, "provider said so")
+    clock.advance(0.1)
+    d = a.try_reserve(ROUTE, Cost())
+    assert isinstance(d, Denied) and "paused" in d.reason
+
+
+def test_renewals_ask_for_twice_what_the_process_used_up_to_five_percent() -> None:
+    clock = FakeClock()
+    limits = {MODEL: LimitSpec(requests_per_minute=60_000, burst=1 / 60)}  # 1,000 at once
+    backend, (a,) = fleet(1, clock, limits=limits)
+    sizes: list[float] = []
+    inner = backend.execute
+
+    def execute(op: object, *, timeout: float | None = None) -> object:
+        if type(op) is AdmitOp and op.book > 0:
+            sizes.append(op.amounts[0])
+        return inner(op)
+
+    backend.execute = execute  # type: ignore[method-assign]
+    grants(a, 300)
+    # Twice what was used since the previous renewal (renewals come at half a lease), up
+    # to 5 % of 1,000; then steady.
+    assert sizes[0] == 2.0 and max(sizes) == 50.0
+    assert sizes == sorted(sizes) and sizes[-5:] == [50.0] * 5
+    assert backend.trips == 1
+
+
+# -- spawned flows ----------------------------------------------------------------------------
+
+
+def _flow(ran: list[str], gate: threading.Event | None = None) -> Generator[Any, Any, None]:
+    try:
+        if gate is not None:
+            gate.wait(10)
+        ran.append(threading.current_thread().name)
+        yield from ()
+    finally:
+        ran.append("closed")
+
+
+def _run(flow: Generator[Any, Any, None]) -> None:
+    for _ in flow:
+        pass
+
+
+async def _arun(flow: Generator[Any, Any, None]) -> None:
+    _run(flow)
+
+
+def test_spawned_flows_run_inline_on_an_in_process_backend() -> None:
+    ran: list[str] = []
+    Spawned(_run, _arun, inline=True).spawn(_flow(ran))
+    assert ran == [threading.current_thread().name, "closed"]
+
+
+def test_spawned_flows_run_on_worker_threads_and_stop_lets_them_finish() -> None:
+    ran: list[str] = []
+    gate = threading.Event()
+    spawned = Spawned(_run, _arun, inline=False)
+    spawned.spawn(_flow(ran, gate))
+    assert ran == []  # the caller went on at once
+    gate.set()
+    spawned.stop()  # waits for the flow under way
+    assert ran == ["rateloop-admission", "closed"]
+    late: list[str] = []
+    spawned.spawn(_flow(late))  # after stop: closed, never run
+    assert late == []
+
+
+def test_async_spawned_flows_run_as_tasks() -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        spawned = Spawned(_run, _arun, inline=False)
+        await spawned.aspawn(_flow(ran))
+        assert ran == []  # a task: it runs when the caller yields
+        await spawned.astop()
+
+    asyncio.run(main())
+    assert ran == [threading.current_thread().name, "closed"]
+
+
+# -- on the real Redis ------------------------------------------------------------------------
+
+
+class _Tally(RedisBackend):
+    """The real Redis backend, counting each admission by the thread (or task) that ran it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.by: Counter[tuple[str, bool]] = Counter()
+
+    def execute(self, op: object, *, timeout: float | None = None) -> object:
+        renewal = type(op) is AdmitOp and op.book > 0
+        self.by[(threading.current_thread().name, renewal)] += 1
+        return super().execute(op, timeout=timeout)
+
+    async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
+        renewal = type(op) is AdmitOp and op.book > 0
+        task = asyncio.current_task()
+        self.by[(task.get_name() if task else "-", renewal)] += 1
+        return await super().aexecute(op, timeout=timeout)
+
+
+HOT = {"redis:m": LimitSpec(requests_per_minute=60_000, burst=1 / 60)}  # 1,000 at once
+HOT_ROUTE = Route(provider="redis", model="m")
+
+
+def test_on_redis_renewals_run_on_worker_threads_off_the_callers_path(
+    redis_url: str, redis_prefix: str
+) -> None:
+    backend = _Tally(redis_url, prefix=redis_prefix)
+    limiter = Limiter(backend, limits=HOT, local_lease_secs=5.0)
+    got = [limiter.try_reserve(HOT_ROUTE, Cost()) for _ in range(200)]
+    limiter.close()  # lets the renewals under way finish
+    assert all(isinstance(r, Reservation) for r in got)
+    caller = threading.current_thread().name
+    on_caller = sum(n for (name, _), n in backend.by.items() if name == caller)
+    renewed = sum(n for (name, renewal), n in backend.by.items() if renewal)
+    assert renewed >= 1
+    assert all(name == "rateloop-admission" for (name, renewal) in backend.by if renewal)
+    # The first call borrowed; a call that found its lease spent before its renewal came
+    # back went alone: far fewer round trips on the caller's path than calls.
+    assert on_caller <= 20
+
+
+def test_on_redis_async_renewals_run_as_tasks(redis_url: str, redis_prefix: str) -> None:
+    backend = _Tally(redis_url, prefix=redis_prefix)
+    limiter = Limiter(backend, limits=HOT, local_lease_secs=5.0)
+
+    async def main() -> list[object]:
+        out: list[object] = []
+        for _ in range(200):
+            out.append(await limiter.atry_reserve(HOT_ROUTE, Cost()))
+            await asyncio.sleep(0)  # a real application yields: the renewal task runs
+        await limiter.aclose()
+        return out
+
+    got = asyncio.run(main())
+    assert all(isinstance(r, Reservation) for r in got)
+    renewed = [(name, n) for (name, renewal), n in backend.by.items() if renewal]
+    assert renewed and sum(n for _, n in backend.by.items()) - sum(n for _, n in renewed) <= 20
