@@ -24,7 +24,8 @@ from rateloop.admission.gcra import AIMD
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.learning import path, tightened
 from rateloop.admission.plan import Check, CheckKind, ObserveOp, PauseOp, Tightening, build_checks
-from rateloop.admission.runner import Do, Flow, Refusals
+from rateloop.admission.refusals import Refusals
+from rateloop.admission.runner import Do, Flow
 from rateloop.admission.spec import LimitSpec
 from rateloop.admission.subscription import subscription_block
 from rateloop.classify import classify

@@ -27,7 +27,6 @@ nothing of limits, plans or reservations.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ from rateloop._clock import Clock, system_clock
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.local import carry_ops, scaled_op
-from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, Refused, SettleOp
-from rateloop.admission.spawned import Spawn, Spawned
+from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, SettleOp
+from rateloop.admission.refusals import NEVER, Refusals
+from rateloop.admission.spawned import Spawn, Spawned, log
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -56,9 +56,7 @@ LOCAL_RETRY_SECONDS = 5.0
 
 T = TypeVar("T")
 
-#: ``-inf``: no refusal known; the ``_local_until`` of a runner that never fell back.
-NEVER = -math.inf
-_NEVER = NEVER
+_NEVER = NEVER  # the ``_local_until`` of a runner that never fell back
 _AHEAD_KEPT = 4096  # scopes whose latest booked start is remembered, at most
 
 
@@ -86,41 +84,6 @@ class _Busy:
 
 
 _BUSY = _Busy()
-
-
-class Refusals:
-    """Per scope, until when a refusal this process knows of left the provider with nothing.
-
-    In the backend's time: this process's own refusals (a 429 observed, a
-    pause) and other processes' as the shared backend reports them with each
-    admission and settle.  One table for the shared backend, one for the
-    local fallback (their clocks differ).  Only ever raised.
-    """
-
-    __slots__ = ("_local", "_shared")
-
-    def __init__(self) -> None:
-        self._shared: dict[str, float] = {}
-        self._local: dict[str, float] = {}
-
-    def note(self, refused: Refused, local: bool) -> None:
-        """The backend says a refusal in each ``(scope, until)`` left nothing before ``until``.
-
-        Each is kept for the scope it was recorded in, never for the other
-        scopes of the route that brought the news: a project's pause is not
-        its model's, and the model's other projects keep their bookings.
-        """
-        known = self._local if local else self._shared
-        for scope, until in refused:
-            if known.get(scope, _NEVER) < until:
-                known[scope] = until
-
-    def before(self, scopes: tuple[str, ...], start: float, local: bool) -> bool:
-        """Did a refusal in one of ``scopes`` leave nothing at the backend time ``start``?"""
-        known = self._local if local else self._shared
-        if not known:
-            return False
-        return any(known.get(scope, _NEVER) > start for scope in scopes)
 
 
 class BackendRunner:
@@ -161,7 +124,10 @@ class BackendRunner:
         self._carrying = False  # a caller is booking the local grants on the shared backend
         # Spawned flows: inline on a backend in this process, else in the background.
         self.spawned = Spawned(
-            self.run, self.arun, inline=getattr(self._backend, "url", "").startswith("memory:")
+            self.run,
+            self.arun,
+            self.run_many,
+            inline=getattr(self._backend, "url", "").startswith("memory:"),
         )
 
     @property
@@ -432,6 +398,55 @@ class BackendRunner:
                     step = flow.send(None)
         except StopIteration as stop:
             return cast(T, stop.value)
+
+    def run_many(self, flows: list[Flow[None]]) -> None:
+        """Run spawned ``flows`` side by side: at each round their backend steps go
+        together, pipelined where the backend can (``execute_many``: one write and one
+        read per server).  A flow that fails is logged (its type) and dropped."""
+        answers: list[tuple[Flow[None], Any, BaseException | None]] = [
+            (flow, None, None) for flow in flows
+        ]
+        while answers:
+            batch: list[tuple[Flow[None], Do]] = []
+            for flow, value, error in answers:
+                try:
+                    step = flow.send(value) if error is None else flow.throw(error)
+                    while not isinstance(step, Do) or step.local:  # rare: alone, at once
+                        if isinstance(step, Sleep):
+                            self._clock.sleep(step.seconds)
+                            step = flow.send(None)
+                        elif isinstance(step, Spawn):
+                            self.spawned.spawn(step.flow)
+                            step = flow.send(None)
+                        else:
+                            step = flow.send(self.execute(step.op, step.local, step.deadline))
+                    batch.append((flow, step))
+                except StopIteration:
+                    pass
+                except Exception as exc:
+                    log.debug("a background admission step failed: %s", type(exc).__name__)
+            answers = []
+            for (flow, _), done in zip(batch, self._execute_many(batch), strict=True):
+                if isinstance(done, BaseException):
+                    answers.append((flow, None, done))
+                else:
+                    answers.append((flow, done, None))
+
+    def _execute_many(self, batch: list[tuple[Flow[None], Do]]) -> list[Done | BaseException]:
+        ops = [step.op for _, step in batch]
+        many = getattr(self._backend, "execute_many", None)
+        if many is not None and self._local_until == _NEVER:
+            return [
+                r if isinstance(r, BaseException) else (r, op, False)
+                for op, r in zip(ops, many(ops), strict=True)
+            ]
+        out: list[Done | BaseException] = []
+        for op in ops:
+            try:
+                out.append(self.execute(op))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.

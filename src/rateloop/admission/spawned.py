@@ -4,8 +4,9 @@ A flow yields :class:`Spawn` to start another flow and goes on at once
 (``runner.py`` hands it here).  On a backend in this process the spawned
 flow runs inline, at once -- it costs no round trip, and tests on a
 virtual clock stay deterministic; on a shared backend it runs in the
-background: on a few worker threads under the sync driver, as a task of the
-running event loop under the async one.  A spawned flow handles its own
+background: on a few worker threads under the sync driver -- a worker takes
+every flow waiting and runs them together, their round trips pipelined --, as
+a task of the running event loop under the async one.  A spawned flow handles its own
 errors; one that escapes is logged (its type only) and dropped.  Closing
 lets the ones under way finish and starts no more.
 """
@@ -20,11 +21,14 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPAWN_WORKERS", "Spawn", "Spawned"]
+__all__ = ["BATCH_MOST", "SPAWN_WORKERS", "Spawn", "Spawned"]
 
 log = logging.getLogger("rateloop.admission")
 #: Worker threads that run spawned flows for the sync driver, per runner (started lazily).
-SPAWN_WORKERS = 4
+SPAWN_WORKERS = 2
+#: A worker takes every flow waiting, up to this many, and runs them together: their
+#: round trips go out pipelined (``BackendRunner.run_many``).
+BATCH_MOST = 64
 
 SpawnedFlow = Generator[Any, Any, None]
 
@@ -43,11 +47,13 @@ class Spawned:
         self,
         run: Callable[[SpawnedFlow], None],
         arun: Callable[[SpawnedFlow], Awaitable[None]],
+        run_many: Callable[[list[SpawnedFlow]], None] | None = None,
         *,
         inline: bool,
     ) -> None:
         self._run = run
         self._arun = arun
+        self._run_many = run_many
         self._inline = inline
         self._queue: queue.SimpleQueue[SpawnedFlow | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -87,7 +93,33 @@ class Spawned:
 
     def _work(self) -> None:
         while (flow := self._queue.get()) is not None:
-            self._quietly(flow)
+            batch, stop = [flow], False
+            while len(batch) < BATCH_MOST:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:  # this worker's stop, after the batch
+                    stop = True
+                    break
+                batch.append(more)
+            if self._run_many is None or len(batch) == 1:
+                for each in batch:
+                    self._quietly(each)
+            else:
+                self._together(batch)
+            if stop:
+                break
+
+    def _together(self, batch: list[SpawnedFlow]) -> None:
+        assert self._run_many is not None
+        try:
+            self._run_many(batch)
+        except Exception as exc:  # run_many logs each flow's own failure: this is its own
+            log.debug("background admission steps failed: %s", type(exc).__name__)
+        finally:
+            for flow in batch:
+                flow.close()
 
     def _quietly(self, flow: SpawnedFlow) -> None:
         try:

@@ -45,7 +45,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the Redis limiter backend needs redis-py: pip install 'rateloop[redis]'"
     ) from exc
 
-__all__ = ["AsyncLane", "RedisClients", "alane", "apooled", "bounded", "exchange"]
+__all__ = [
+    "AsyncLane",
+    "RedisClients",
+    "alane",
+    "apooled",
+    "bounded",
+    "exchange",
+    "exchange_many",
+]
 
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
@@ -74,6 +82,27 @@ def exchange(conn: Any, script: Script, packed: bytes, timeout: float | None) ->
         if timeout is None:
             raise
         raise redis.TimeoutError(f"no answer within the caller's {timeout:.3f} s") from exc
+
+
+def exchange_many(conn: Any, calls: list[ScriptCall]) -> list[Any]:
+    """Send every call's packed ``EVALSHA`` on ``conn`` in one write, read the answers in
+    order: each reply, or the error Redis answered for that call (the rest still run).
+
+    A call whose script is not in the server's cache yet is sent again alone, as
+    ``EVAL`` (:func:`exchange`).  An error of the connection itself is raised.
+    """
+    conn.send_packed_command([call.packed_command() for call in calls])
+    replies: list[Any] = []
+    for _ in calls:
+        try:
+            replies.append(conn.read_response())
+        except redis.ResponseError as exc:  # this call's error: the answer was read
+            replies.append(exc)
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            call = calls[i]
+            replies[i] = exchange(conn, call.script, call.packed_command(), None)
+    return replies
 
 
 def _read(conn: Any, timeout: float | None) -> Any:
@@ -227,6 +256,64 @@ class RedisClients:
         except redis.RedisError as exc:
             raise self._error(exc) from exc
         return call.decode(reply)
+
+    def run_many(self, calls: list[ScriptCall]) -> list[Any]:
+        """Run ``calls`` pipelined: one write and one read per server (per node of a
+        cluster).  Each decoded reply, or the :class:`BackendError` of that call."""
+        try:
+            try:
+                replies = self._call_many(calls)
+            except redis.ConnectionError:
+                replies = self._call_many(calls)  # once, on a new connection
+        except redis.RedisError as exc:
+            error = self._error(exc)
+            return [error] * len(calls)
+        out: list[Any] = []
+        for call, answer in zip(calls, replies, strict=True):
+            reply = answer
+            if isinstance(answer, Exception):
+                routed = isinstance(answer, AskError | TryAgainError | ClusterDownError)
+                if not (routed or "MOVED" in str(answer)):
+                    out.append(self._error(answer))
+                    continue
+                try:  # a cluster's map is out of date: redis-py's client follows it
+                    reply = self._cluster_routed(self.sync_client(), call)  # type: ignore[arg-type]
+                except redis.RedisError as exc:
+                    out.append(self._error(exc))
+                    continue
+            try:
+                out.append(call.decode(reply))
+            except Exception as exc:  # a reply this call's decoder cannot read
+                out.append(BackendError(f"Redis at {self.url} gave an unreadable answer: {exc}"))
+        return out
+
+    def _call_many(self, calls: list[ScriptCall]) -> list[Any]:
+        client = self.sync_client()
+        if isinstance(client, redis.Redis):
+            return self._pooled_many(client.connection_pool, calls)
+        # A cluster: one pipeline per node, by the slot of each call's keys.
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, call in enumerate(calls):
+            node: Any = client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(calls)
+        for node, indexes in by_node.values():
+            got = self._pooled_many(node.redis_connection.connection_pool,
+                                    [calls[i] for i in indexes])
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return replies
+
+    @staticmethod
+    def _pooled_many(pool: Any, calls: list[ScriptCall]) -> list[Any]:
+        conn = pool.get_connection()
+        try:
+            return exchange_many(conn, calls)
+        except BaseException:
+            conn.disconnect()  # answers may still be on their way: never reuse it
+            raise
+        finally:
+            pool.release(conn)
 
     def _call(self, call: ScriptCall, timeout: float | None) -> Any:
         client = self.sync_client()

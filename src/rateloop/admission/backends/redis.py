@@ -93,6 +93,12 @@ class RedisBackend:
         """Run ``op`` in one script; ``timeout`` (seconds) bounds the round trip."""
         return self._clients.run(self.codec.encode(op, self._packed), timeout)
 
+    def execute_many(self, ops: list[object]) -> list[object]:
+        """Run ``ops`` pipelined (one write and one read per server): each one's answer, or
+        the :class:`BackendError` it ended in.  Not atomic as a whole: each op is."""
+        encode, packed = self.codec.encode, self._packed
+        return list(self._clients.run_many([encode(op, packed) for op in ops]))
+
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         return await self._clients.arun(self.codec.encode(op, self._packed), timeout)
 
