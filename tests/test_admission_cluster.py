@@ -155,3 +155,25 @@ def test_a_cluster_admission_goes_straight_to_its_node(
         assert routed == []
     finally:
         limiter.close()
+
+
+def test_a_batch_is_pipelined_per_node_and_answered_in_order(cluster_url: str) -> None:
+    """``execute_many`` (the lease renewals' batch): one pipeline per node, each answer
+    back in its op's place."""
+    from rateloop.admission.backends.redis import RedisBackend
+    from test_admission_local_leases import _op, _plan
+
+    backend = RedisBackend(cluster_url, prefix="rl-many:")
+    spec = LimitSpec(requests_per_minute=180, burst=1 / 60)  # 3 at once
+    plans = [_plan(spec, f"many{i}:m") for i in range(6)]  # six hash tags: spread over nodes
+    client = RedisCluster.from_url(cluster_url.replace("+cluster", ""))
+    try:
+        nodes = {client.get_node_from_key("{" + p.scopes[0] + "}").name for p in plans}
+        assert len(nodes) > 1
+        ops: list[object] = [_op(p, 1.0) for p in plans for _ in range(4)]
+        answers = backend.execute_many(ops)
+        granted = [a.granted for a in answers]  # type: ignore[attr-defined]
+        assert granted == [True, True, True, False] * 6
+    finally:
+        client.close()
+        backend.close()

@@ -22,12 +22,22 @@ import pytest
 from rateloop.admission import LimitSpec
 from rateloop.admission.backends.redis import RedisBackend
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.plan import AdmitOp
+from rateloop.admission.plan import AdmitOp, PauseOp
 from rateloop.admission.reservation import Denied, Reservation
+from rateloop.admission.runner import BackendRunner, Do
 from rateloop.admission.spawned import Spawned
 from rateloop.route import Cost, Route
 from rateloop.testing import FakeClock
-from test_admission_local_leases import MODEL, ROUTE, TEN, Counting, fleet, grants
+from test_admission_local_leases import (
+    MODEL,
+    ROUTE,
+    TEN,
+    Counting,
+    _op,
+    _plan,
+    fleet,
+    grants,
+)
 from test_admission_stress_redis import max_window_excess
 
 
@@ -270,3 +280,52 @@ def test_on_redis_async_renewals_run_as_tasks(redis_url: str, redis_prefix: str)
     assert all(isinstance(r, Reservation) for r in got)
     renewed = [(name, n) for (name, renewal), n in backend.by.items() if renewal]
     assert renewed and sum(n for _, n in backend.by.items()) - sum(n for _, n in renewed) <= 20
+
+
+def test_execute_many_pipelines_admissions_and_reloads_lost_scripts(
+    redis_url: str, redis_prefix: str
+) -> None:
+    import redis as redis_py
+
+    backend = RedisBackend(redis_url, prefix=redis_prefix)
+    plan = _plan(TEN[MODEL])
+    ops: list[object] = [_op(plan, 1.0) for _ in range(12)]
+    try:
+        redis_py.Redis.from_url(redis_url).script_flush()  # every script must be sent again
+        answers = backend.execute_many(ops)
+        assert [a.granted for a in answers] == [True] * 10 + [False] * 2  # type: ignore[attr-defined]
+        backend.execute(PauseOp(scope="other", seconds=1.0, reason="-"))  # its script cached
+        # In order, in one pipeline: the pause, then an admission it denies.
+        pause = PauseOp(scope=MODEL, seconds=30.0, reason="said so")
+        paused = backend.execute_many([pause, _op(plan, 1.0)])
+        assert "said so" in str(paused[1].paused_reason)  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
+def test_run_many_sends_each_round_of_steps_together(redis_url: str, redis_prefix: str) -> None:
+    backend = _Tally(redis_url, prefix=redis_prefix)
+    batches: list[int] = []
+    many = backend.execute_many
+
+    def execute_many(ops: list[object]) -> list[object]:
+        batches.append(len(ops))
+        return many(ops)
+
+    backend.execute_many = execute_many  # type: ignore[method-assign]
+    runner = BackendRunner(backend, clock=None, on_unreachable="fail_closed", local_share=1.0)
+    plan = _plan(TEN[MODEL])
+    seen: list[list[bool]] = [[] for _ in range(3)]
+
+    def flow(i: int) -> Generator[Any, Any, None]:
+        for _ in range(2):
+            done = yield Do(_op(plan, 1.0 + i))
+            seen[i].append(done[0].granted)
+
+    try:
+        runner.run_many([flow(i) for i in range(3)])
+    finally:
+        backend.close()
+    assert batches == [3, 3]  # two rounds, each one pipelined round trip
+    # 2 + 4 + 6 = 12 units asked of a bucket of 10: the third flow's second call waits.
+    assert seen == [[True, True], [True, True], [True, False]]

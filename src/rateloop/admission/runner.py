@@ -426,6 +426,8 @@ class BackendRunner:
                 except Exception as exc:
                     log.debug("a background admission step failed: %s", type(exc).__name__)
             answers = []
+            if not batch:
+                break
             for (flow, _), done in zip(batch, self._execute_many(batch), strict=True):
                 if isinstance(done, BaseException):
                     answers.append((flow, None, done))

@@ -95,7 +95,12 @@ class RedisBackend:
 
     def execute_many(self, ops: list[object]) -> list[object]:
         """Run ``ops`` pipelined (one write and one read per server): each one's answer, or
-        the :class:`BackendError` it ended in.  Not atomic as a whole: each op is."""
+        the :class:`BackendError` it ended in.
+
+        Each op is atomic, the batch is not.  They run in order -- except that an op
+        whose script the server had not cached yet (a fresh or restarted server) runs
+        after the others, when it is sent again as ``EVAL``: give it independent ops
+        (the lease renewals of different plans)."""
         encode, packed = self.codec.encode, self._packed
         return list(self._clients.run_many([encode(op, packed) for op in ops]))
 
