@@ -329,3 +329,25 @@ def test_run_many_sends_each_round_of_steps_together(redis_url: str, redis_prefi
     assert batches == [3, 3]  # two rounds, each one pipelined round trip
     # 2 + 4 + 6 = 12 units asked of a bucket of 10: the third flow's second call waits.
     assert seen == [[True, True], [True, True], [True, False]]
+
+
+def test_a_forked_child_starts_its_own_workers() -> None:
+    import os
+
+    ran: list[str] = []
+    spawned = Spawned(_run, _arun, inline=False)
+    spawned.spawn(_flow(ran))  # the parent's workers start
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's threads are gone
+        child: list[str] = []
+        spawned.spawn(_flow(child))
+        spawned.stop()
+        os.write(write, ",".join(child).encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        assert f.read() == "rateloop-admission,closed" and status == 0
+    spawned.stop()
+    assert ran == ["rateloop-admission", "closed"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Generator
@@ -60,6 +61,7 @@ class Spawned:
         self._workers: list[threading.Thread] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False  # closing: spawn nothing more
+        self._pid = os.getpid()  # a fork keeps no thread: its child starts its own workers
 
     def spawn(self, flow: SpawnedFlow) -> None:
         """Run ``flow`` inline (a backend in this process) or on a worker thread."""
@@ -69,6 +71,10 @@ class Spawned:
         if self._inline:
             self._quietly(flow)
             return
+        if self._pid != os.getpid():
+            with self._lock:
+                self._pid, self._workers = os.getpid(), []
+                self._queue = queue.SimpleQueue()  # what the parent's workers had not taken
         if len(self._workers) < SPAWN_WORKERS:
             with self._lock:
                 if len(self._workers) < SPAWN_WORKERS and not self._stopped:
