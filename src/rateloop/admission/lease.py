@@ -23,13 +23,16 @@ the backend as before), in order:
    -- a pause or a 429 of its own, or another process's as the backend
    reported it -- is dropped.
 2. A lease that holds the call's amounts grants it (no round trip).
-3. A denial the backend gave this plan for an equal or larger cost denies it
+3. When it is spent, the *next* lease (booked by a renewal,
+   :mod:`rateloop.admission.renewal`) takes over; one that starts later
+   denies the call until its start (no round trip; a call that books a
+   start at least that far takes it and starts then), and a spent lease
+   that was booked ahead denies it until one call's refill after its start.
+4. A denial the backend gave this plan for an equal or larger cost denies it
    until its ``retry_after`` (no round trip; a call that books a start
    skips this rule, since the backend may book it).
-4. Otherwise the call borrows (one round trip).  One borrow per plan at a
+5. Otherwise the call borrows (one round trip).  One borrow per plan at a
    time: a call meanwhile goes to the backend alone.
-
-Renewal ahead of need: :mod:`rateloop.admission.renewal`.
 
 A grant from a lease is a :class:`~rateloop.admission.reservation.Reservation`
 whose settle goes to its lease while the lease lives -- unused tokens go back
@@ -243,7 +246,7 @@ class Leases:
         return self._clock
 
     def take(self, op: AdmitOp, route: Route, cost: Cost) -> Reservation | Denied | None:
-        """Decide ``op`` in the process (rules 1-3), or None: ask the backend."""
+        """Decide ``op`` in the process (rules 1-4), or None: ask the backend."""
         plan = op.plan
         slot = self.slot(plan)
         if slot is None:
@@ -321,7 +324,7 @@ class Leases:
             slot.lease = None
 
     def borrow(self, op: AdmitOp) -> AdmitOp | BorrowOp:
-        """What to send for a call :meth:`take` left to the backend (rule 4).
+        """What to send for a call :meth:`take` left to the backend (rule 5).
 
         A :class:`BorrowOp` asking for at most twice what the previous lease
         served (at least one call), unless the plan cannot lease or one of
@@ -378,7 +381,7 @@ class Leases:
         return answer, inner, local
 
     def decided(self, op: AdmitOp, outcome: Reservation | Denied, sent: float) -> None:
-        """Remember the backend's denial of ``op`` (rule 3); a grant forgets it.  Either
+        """Remember the backend's denial of ``op`` (rule 4); a grant forgets it.  Either
         way the plan is now known: its leases are renewed ahead of need."""
         slot = self.slot(op.plan)
         if slot is None:
