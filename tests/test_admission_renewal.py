@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 
 from rateloop.admission import LimitSpec
+from rateloop.admission.backends import BackendUnreachable
 from rateloop.admission.backends.redis import RedisBackend
+from rateloop.admission.lease import Lease
 from rateloop.admission.limiter import Limiter
-from rateloop.admission.plan import AdmitOp, PauseOp
+from rateloop.admission.plan import AdmitOp, AdmitResult, BorrowOp, PauseOp, build_checks
 from rateloop.admission.reservation import Denied, Reservation
 from rateloop.admission.runner import BackendRunner, Do
 from rateloop.admission.spawned import Spawned
@@ -351,3 +353,120 @@ def test_a_forked_child_starts_its_own_workers() -> None:
         assert f.read() == "rateloop-admission,closed" and status == 0
     spawned.stop()
     assert ran == ["rateloop-admission", "closed"]
+
+
+# -- what the review found: each guarded -----------------------------------------------------
+
+
+def _leases_of(limiter: Limiter) -> Any:
+    return limiter._admissions.leases
+
+
+def test_a_renewal_answered_too_late_to_start_before_it_expires_is_dropped() -> None:
+    clock = FakeClock()
+    _, (a,) = fleet(1, clock)
+    grants(a, 1)  # the route is known: its renewals are due
+    renewals = a._admissions._renewals
+    plan = _plan(TEN[MODEL])
+    leases = _leases_of(a)
+    slot = leases.slot(plan)
+    slot.warm = True
+    renewal = renewals.renewal(_op(plan, 1.0))
+    assert renewal is not None and renewal.op.book == pytest.approx(2.0)  # 2 L ahead
+    sent = clock.monotonic()
+    clock.advance(1.0)  # its answer takes a whole lease lifetime
+    answer = AdmitResult(granted=True, now=1.0, starts_in=0.05)
+    renewals.renewed(renewal, answer, False, sent)
+    assert slot.next is None  # granting from it could pass start + L: it drains instead
+    assert renewals.renewal(_op(plan, 1.0)) is not None  # and the next may go
+
+
+def test_a_class_that_may_not_book_renews_only_what_fits_now() -> None:
+    clock = FakeClock()
+    spec = LimitSpec(requests_per_minute=600, burst=1 / 60, reserve=0.2)
+    backend, (a,) = fleet(1, clock, limits={MODEL: spec})
+    booked: list[float] = []
+    inner = backend.execute
+
+    def execute(op: object, *, timeout: float | None = None) -> object:
+        if type(op) is AdmitOp:
+            booked.append(op.book)
+        return inner(op)
+
+    backend.execute = execute  # type: ignore[method-assign]
+    for _ in range(12):
+        a.try_reserve(ROUTE, Cost(), priority="background")
+    assert booked and set(booked) == {0.0}  # never into the reserve the higher classes keep
+
+
+def test_a_borrow_answered_while_a_lease_still_serves_waits_as_the_next() -> None:
+    clock = FakeClock()
+    _, (a,) = fleet(1, clock)
+    leases = _leases_of(a)
+    plan = _plan(TEN[MODEL])
+    first = leases.borrow(_op(plan, 1.0))
+    leases.borrowed(first, ((AdmitResult(granted=True, now=0.0), 2.0), first, False), 0.0)
+    slot = leases.slot(plan)
+    current = slot.lease
+    assert current is not None and current.left == [2.0]
+    second = BorrowOp(_op(plan, 1.0), 2.0)
+    leases.borrowed(second, ((AdmitResult(granted=True, now=0.0), 2.0), second, False), 0.0)
+    assert slot.lease is current and slot.next is not None  # nothing charged is lost
+
+
+def test_a_spent_lease_booked_ahead_denies_each_call_for_its_own_refill() -> None:
+    clock = FakeClock()
+    limits = {MODEL: LimitSpec(input_tokens_per_minute=60_000, burst=1 / 60)}  # 1,000/s
+    _, (a,) = fleet(1, clock, limits=limits)
+    leases = _leases_of(a)
+    plan = _plan(limits[MODEL])
+    slot = leases.slot(plan)
+    slot.lease = Lease(leases, plan, (400.0,), [0.0], 0.0, 0.0, 1.0, full_at=0.0)
+    small = leases.take(_op(plan, 100.0), ROUTE, Cost(input_tokens=100))
+    large = leases.take(_op(plan, 400.0), ROUTE, Cost(input_tokens=400))
+    assert isinstance(small, Denied) and small.retry_after == pytest.approx(0.1)
+    assert isinstance(large, Denied) and large.retry_after == pytest.approx(0.4)
+
+
+def test_a_renewal_never_runs_on_the_local_fallback() -> None:
+    clock = FakeClock()
+
+    class Flaky(Counting):
+        down = False
+
+        def execute(self, op: object, *, timeout: float | None = None) -> object:
+            if self.down:
+                raise BackendUnreachable("down")
+            return super().execute(op)
+
+    backend = Flaky(clock)
+    a = Limiter(backend, limits=TEN, clock=clock, on_unreachable="local", local_share=0.5,
+                local_lease_secs=1.0)
+    assert grants(a, 2) == 2  # a borrow, then a grant from its lease that renews
+    renewals = backend.ops["Renewal"]
+    assert renewals >= 1
+    backend.down = True
+    assert grants(a, 1) == 1  # from the renewed lease: its renewal fails, and starts the window
+    assert backend.ops["Renewal"] == renewals
+    local = a._runner.local
+    assert local is None or not local.in_use(build_checks(MODEL, TEN[MODEL])[0])
+
+
+def test_a_forked_child_forgets_its_parent_s_leases() -> None:
+    import os
+
+    clock = FakeClock()
+    _, (a,) = fleet(1, clock)
+    grants(a, 3)  # a lease (and its renewal) in the parent
+    leases = _leases_of(a)
+    assert leases._slots
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, str(len(leases._slots)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        assert f.read() == "0"  # the parent's units are the parent's to grant
+    assert leases._slots

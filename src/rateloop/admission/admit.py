@@ -40,7 +40,7 @@ from rateloop.admission.reservation import (
     Reservation,
 )
 from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep
-from rateloop.admission.spawned import Spawn
+from rateloop.admission.steps import Spawn
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import clamp_wait
 
@@ -232,7 +232,7 @@ class Admissions:
         assert renewals is not None
         sent = self._clock.monotonic()
         try:
-            done = yield Do(renewal.op)
+            done = yield Do(renewal.op, shared=True)
         except BaseException:  # an error, a cancellation, the flow closed: try again later
             renewals.renew_failed(renewal)
             raise

@@ -59,7 +59,9 @@ process is waiting for.
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from operator import ge
 from typing import Any, Protocol
@@ -108,6 +110,15 @@ def lease_seconds(value: object) -> float | None:
     return float(value)
 
 
+def _refill(plan: AdmitPlan, amounts: tuple[float, ...]) -> float:
+    """The least time a full bucket of ``plan`` needs to drain one call of ``amounts``
+    (which bucket was full is not known: the smallest, 0 if the call skips one)."""
+    return min(
+        (a / c.rate for a, c in zip(amounts, plan.checks) if c.rate > 0),  # noqa: B905
+        default=0.0,
+    )
+
+
 def leasable(plan: AdmitPlan) -> bool:
     """Can ``plan`` borrow?  Only per-minute rate buckets (no day quota, no concurrency)."""
     return bool(plan.checks) and all(
@@ -142,8 +153,9 @@ class Lease:
     received: float
     expires: float
     calls: int = 0
-    #: Booked ahead, its start found the scope full: nothing is free before this (monotonic).
-    full_until: float = -math.inf
+    #: Booked ahead, its start (monotonic) found the scope full: once it is spent, nothing
+    #: is free for a call before one call's refill after it.
+    full_at: float = -math.inf
 
     def backend_now(self, now: float) -> float:
         """The backend's time at the monotonic ``now``, never later than it really is."""
@@ -185,10 +197,22 @@ class _Slot:
     #: The lease booked to follow ``lease`` (it may start later), and its renewal's state.
     next: Lease | None = None
     warm: bool = False  # the plan has been to the backend: renew its leases ahead of need
-    renewing: bool = False  # a renewal is on its way
+    renewing: float = -math.inf  # monotonic: a renewal is on its way until then at most
     renew_after: float = -math.inf  # monotonic: no renewal before (one denied, or failed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+
+#: Every Leases of this process: a forked child forgets what its parent held (the parent
+#: still grants it; its renewals on their way never end in the child).
+_LIVE: weakref.WeakSet[Leases] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for leases in list(_LIVE):
+        leases.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 #: ``_slots.get``'s default: a plan not seen yet.
 _UNKNOWN = _Slot()
@@ -206,6 +230,7 @@ class Leases:
     def __init__(
         self, lifetime: float, *, clock: Clock, refusals: _Refusals, settler: Settler
     ) -> None:
+        _LIVE.add(self)
         self.lifetime = lifetime
         self.settler = settler
         self._clock = clock
@@ -320,8 +345,17 @@ class Leases:
                 slot.served += 1
                 return lease
             if slot.next is None:  # spent: a lease booked ahead knows the scope is full
-                return lease.full_until if lease.full_until > now + book else None
+                if lease.full_at > -math.inf:
+                    until = lease.full_at + _refill(plan, amounts)
+                    if until > now + book:
+                        return until
+                return None
             slot.lease = None
+
+    def forget(self) -> None:
+        """Drop every lease, denial and renewal state (a forked child: the parent's)."""
+        self._lock = threading.Lock()
+        self._slots = {}
 
     def borrow(self, op: AdmitOp) -> AdmitOp | BorrowOp:
         """What to send for a call :meth:`take` left to the backend (rule 5).
@@ -374,9 +408,20 @@ class Leases:
         if k > 0 and answer.granted and not answer.starts_in:
             borrowed = tuple(k * a for a in inner.amounts)
             now = self._clock.monotonic()
-            slot.lease = Lease(
+            lease = Lease(
                 self, inner.plan, borrowed, list(borrowed), answer.now, now, sent + self.lifetime
             )
+            with slot.lock:  # a live lease that still holds units keeps serving first
+                current = slot.lease
+                if (
+                    current is not None
+                    and slot.next is None
+                    and now < current.expires
+                    and any(current.left)
+                ):
+                    slot.next = lease
+                else:
+                    slot.lease = lease
         slot.borrowing = -math.inf
         return answer, inner, local
 

@@ -30,7 +30,7 @@ from rateloop.admission.lease import Lease, Leases
 from rateloop.admission.plan import AdmitOp, AdmitResult
 from rateloop.admission.reservation import Denied
 
-__all__ = ["RENEW_AHEAD", "RENEW_SLICE", "Renewal", "Renewals"]
+__all__ = ["RENEW_AHEAD", "RENEW_SLICE", "STALE_RENEWAL", "Renewal", "Renewals"]
 
 #: A renewal asks for at most this share of each allowance (a nearly full bucket's slice).
 RENEW_SLICE = 0.05
@@ -39,6 +39,8 @@ RENEW_SLICE = 0.05
 #: long the process's callers are told to wait for it (never longer than the backend
 #: would tell them: the start is the scope's next free one).
 RENEW_AHEAD = 2.0
+#: A renewal that has not ended after this long (seconds) no longer holds the next back.
+STALE_RENEWAL = 10.0
 
 
 class Renewal(NamedTuple):
@@ -64,27 +66,35 @@ class Renewals:
         no next lease is booked, the current one (if any) has started and has
         no more than half of it left, and no renewal was denied or failed too
         recently.  Marks the renewal on its way: :meth:`renewed` (or
-        :meth:`renew_failed`) ends it.
+        :meth:`renew_failed`) ends it -- or, should neither come (a flow
+        closed before it ran), :data:`STALE_RENEWAL` seconds.
         """
         slot = self._leases.known(op.plan)
-        if slot is None or not slot.warm or slot.renewing or slot.next is not None:
+        if slot is None or not slot.warm or slot.next is not None:
             return None
         now = self._leases.clock.monotonic()
         lease = slot.lease
-        if now < slot.renew_after or (
-            lease is not None and (lease.received > now or lease.left[0] > lease.borrowed[0] / 2)
+        if (
+            now < slot.renew_after
+            or now < slot.renewing
+            or (
+                lease is not None
+                and (lease.received > now or lease.left[0] > lease.borrowed[0] / 2)
+            )
         ):
-            return None  # denied or failed lately, or the current lease ahead or half full
+            return None  # one on its way, denied or failed lately, or the current lease ahead
         with slot.lock:
-            if slot.renewing or slot.next is not None:
+            if now < slot.renewing or slot.next is not None:
                 return None
-            slot.renewing = True
+            slot.renewing = now + STALE_RENEWAL
             served, slot.served = slot.served, 0
         amounts = op.amounts
         most = min((al / a for a, al in zip(amounts, op.allowed) if a > 0), default=1.0)  # noqa: B905
         calls = float(max(1, min(2 * served, math.floor(RENEW_SLICE * most))))
         more = tuple(calls * a for a in amounts)
-        ahead = RENEW_AHEAD * self._leases.lifetime
+        # A plan that may not book (a class below a reserve kept for the higher ones) renews
+        # only what fits now.
+        ahead = RENEW_AHEAD * self._leases.lifetime if op.plan.bookable else 0.0
         renew = AdmitOp(op.plan, more, op.allowed, None, op.aimd, ahead)
         return Renewal(renew, calls, amounts)
 
@@ -105,6 +115,7 @@ class Renewals:
             slot.renew_after = now + self._leases.lifetime
         elif answer.granted:
             ahead = answer.starts_in
+            lifetime = self._leases.lifetime
             lease = Lease(
                 self._leases,
                 op.plan,
@@ -112,15 +123,15 @@ class Renewals:
                 list(op.amounts),
                 answer.now + ahead,
                 now + ahead,
-                sent + ahead + self._leases.lifetime,
+                sent + ahead + lifetime,
             )
-            if ahead:  # booked at the next free start: the scope is full until a call drains
-                drain = (a / c.rate for a, c in zip(renewal.amounts, op.plan.checks) if c.rate > 0)  # noqa: B905
-                lease.full_until = now + ahead + min(drain, default=0.0)
-            with slot.lock:
-                slot.next = lease
-                if not ahead:
-                    slot.denied = None
+            if ahead:  # booked at the next free start: the scope was full then
+                lease.full_at = now + ahead
+            if now - sent < lifetime:  # else it could not start before it expires: it drains
+                with slot.lock:
+                    slot.next = lease
+                    if not ahead:
+                        slot.denied = None
         else:
             wait = answer.wait
             one = wait
@@ -144,11 +155,11 @@ class Renewals:
                 )
                 held = Denied(retry_after=one, scope=scope, dimension=dim, reason=reason)
                 slot.denied = (held, sent + one, renewal.amounts)
-        slot.renewing = False
+        slot.renewing = -math.inf
 
     def renew_failed(self, renewal: Renewal) -> None:
         """A renewal ended without an answer (an error): try again a little later."""
         slot = self._leases.slot(renewal.op.plan)
         if slot is not None:
             slot.renew_after = self._leases.clock.monotonic() + self._leases.lifetime / 8
-            slot.renewing = False
+            slot.renewing = -math.inf

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
@@ -38,7 +37,8 @@ from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.local import carry_ops, scaled_op
 from rateloop.admission.plan import AdmitOp, AdmitPlan, BorrowOp, SettleOp
 from rateloop.admission.refusals import NEVER, Refusals
-from rateloop.admission.spawned import Spawn, Spawned, log
+from rateloop.admission.spawned import Spawned, log
+from rateloop.admission.steps import Do, Done, Flow, Sleep, Spawn
 
 __all__ = [
     "LOCAL_RETRY_SECONDS",
@@ -58,25 +58,6 @@ T = TypeVar("T")
 
 _NEVER = NEVER  # the ``_local_until`` of a runner that never fell back
 _AHEAD_KEPT = 4096  # scopes whose latest booked start is remembered, at most
-
-
-@dataclass(frozen=True, slots=True)
-class Do:
-    op: object
-    local: bool = False
-    deadline: float | None = None  # the caller's, on the monotonic clock
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    seconds: float
-
-
-_Step = Do | Sleep | Spawn
-#: (result, the op actually run, ran locally).  ``Any``: the result's type is the
-#: op's (an AdmitResult for an AdmitOp, ...); typed where it is read, not cast at run time.
-Done = tuple[Any, Any, bool]
-Flow = Generator[_Step, Any, T]
 
 
 class _Busy:
@@ -301,6 +282,28 @@ class BackendRunner:
         self._note_local(op, scaled)
         return await self._local_backend().aexecute(scaled), scaled, True
 
+    def execute_shared(self, op: object) -> Done:
+        """``op`` on the shared backend only: unreachable, or in the local fallback's window,
+        it raises :class:`BackendUnreachable` (a failure still starts the window)."""
+        self._not_falling_back()
+        try:
+            return self._backend.execute(op), op, False
+        except BackendUnreachable as exc:
+            self._fallback(exc)
+            raise
+
+    async def aexecute_shared(self, op: object) -> Done:
+        self._not_falling_back()
+        try:
+            return await self._backend.aexecute(op), op, False
+        except BackendUnreachable as exc:
+            self._fallback(exc)
+            raise
+
+    def _not_falling_back(self) -> None:
+        if self._local_until != _NEVER:
+            raise BackendUnreachable("the shared backend is unreachable: in the local fallback")
+
     def _return_steps(self, op: object) -> Generator[object, Any, Done | None]:
         """``op`` on the shared backend after a fallback, as the ops to call there;
         returns its answer, or None to run it locally.
@@ -374,7 +377,10 @@ class BackendRunner:
             step = next(flow)
             while True:
                 if isinstance(step, Do):
-                    step = flow.send(self.execute(step.op, step.local, step.deadline))
+                    if step.shared:
+                        step = flow.send(self.execute_shared(step.op))
+                    else:
+                        step = flow.send(self.execute(step.op, step.local, step.deadline))
                 elif isinstance(step, Sleep):
                     self._clock.sleep(step.seconds)
                     step = flow.send(None)
@@ -389,7 +395,10 @@ class BackendRunner:
             step = next(flow)
             while True:
                 if isinstance(step, Do):
-                    step = flow.send(await self.aexecute(step.op, step.local, step.deadline))
+                    if step.shared:
+                        step = flow.send(await self.aexecute_shared(step.op))
+                    else:
+                        step = flow.send(await self.aexecute(step.op, step.local, step.deadline))
                 elif isinstance(step, Sleep):
                     await self._clock.asleep(step.seconds)
                     step = flow.send(None)
@@ -443,9 +452,11 @@ class BackendRunner:
                 for op, r in zip(ops, many(ops), strict=True)
             ]
         out: list[Done | BaseException] = []
-        for op in ops:
+        for _, step in batch:
             try:
-                out.append(self.execute(op))
+                out.append(
+                    self.execute_shared(step.op) if step.shared else self.execute(step.op)
+                )
             except Exception as exc:
                 out.append(exc)
         return out

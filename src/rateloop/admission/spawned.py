@@ -18,11 +18,11 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-__all__ = ["BATCH_MOST", "SPAWN_WORKERS", "Spawn", "Spawned"]
+from rateloop.admission.steps import Spawn, SpawnedFlow
+
+__all__ = ["BATCH_MOST", "SPAWN_WORKERS", "Spawn", "Spawned"]  # Spawn: from steps.py
 
 log = logging.getLogger("rateloop.admission")
 #: Worker threads that run spawned flows for the sync driver, per runner (started lazily).
@@ -30,16 +30,6 @@ SPAWN_WORKERS = 2
 #: A worker takes every flow waiting, up to this many, and runs them together: their
 #: round trips go out pipelined (``BackendRunner.run_many``).
 BATCH_MOST = 64
-
-SpawnedFlow = Generator[Any, Any, None]
-
-
-@dataclass(frozen=True, slots=True)
-class Spawn:
-    """Run ``flow`` beside the spawning flow, which goes on at once (its result is dropped)."""
-
-    flow: SpawnedFlow
-
 
 class Spawned:
     """Runs spawned flows with the runner's own drivers (``run``, ``arun``)."""

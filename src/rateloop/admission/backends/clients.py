@@ -101,7 +101,10 @@ def exchange_many(conn: Any, calls: list[ScriptCall]) -> list[Any]:
     for i, reply in enumerate(replies):
         if isinstance(reply, NoScriptError):
             call = calls[i]
-            replies[i] = exchange(conn, call.script, call.packed_command(), None)
+            try:
+                replies[i] = exchange(conn, call.script, call.packed_command(), None)
+            except redis.ResponseError as exc:  # this call's error, as above
+                replies[i] = exc
     return replies
 
 
@@ -259,21 +262,21 @@ class RedisClients:
 
     def run_many(self, calls: list[ScriptCall]) -> list[Any]:
         """Run ``calls`` pipelined: one write and one read per server (per node of a
-        cluster).  Each decoded reply, or the :class:`BackendError` of that call."""
-        try:
-            try:
-                replies = self._call_many(calls)
-            except redis.ConnectionError:
-                replies = self._call_many(calls)  # once, on a new connection
-        except redis.RedisError as exc:
-            error = self._error(exc)
-            return [error] * len(calls)
+        cluster).  Each decoded reply, or the :class:`BackendError` of that call.
+
+        Never sent twice: a connection that fails part-way fails every call on it
+        that had no answer read -- and those that had, whose answers it drops (what
+        they charged drains; sent again, they would charge twice).
+        """
+        replies = self._call_many(calls)
         out: list[Any] = []
         for call, answer in zip(calls, replies, strict=True):
             reply = answer
             if isinstance(answer, Exception):
                 routed = isinstance(answer, AskError | TryAgainError | ClusterDownError)
-                if not (routed or "MOVED" in str(answer)):
+                if not (routed or "MOVED" in str(answer)) or not isinstance(
+                    answer, redis.ResponseError
+                ):
                     out.append(self._error(answer))
                     continue
                 try:  # a cluster's map is out of date: redis-py's client follows it
@@ -288,29 +291,40 @@ class RedisClients:
         return out
 
     def _call_many(self, calls: list[ScriptCall]) -> list[Any]:
-        client = self.sync_client()
-        if isinstance(client, redis.Redis):
-            return self._pooled_many(client.connection_pool, calls)
-        # A cluster: one pipeline per node, by the slot of each call's keys.
-        by_node: dict[str, tuple[Any, list[int]]] = {}
-        for i, call in enumerate(calls):
-            node: Any = client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
-            by_node.setdefault(node.name, (node, []))[1].append(i)
+        """Each call's raw reply or its exception, one pipeline per server or node."""
+        try:
+            client = self.sync_client()
+            if isinstance(client, redis.Redis):
+                return self._pooled_many(client.connection_pool, calls)
+            # A cluster: one pipeline per node, by the slot of each call's keys.
+            by_node: dict[str, tuple[Any, list[int]]] = {}
+            for i, call in enumerate(calls):
+                node: Any = client.get_node_from_key(call.keys[0])  # type: ignore[no-untyped-call]
+                by_node.setdefault(node.name, (node, []))[1].append(i)
+        except redis.RedisError as exc:
+            return [exc] * len(calls)
         replies: list[Any] = [None] * len(calls)
-        for node, indexes in by_node.values():
-            got = self._pooled_many(node.redis_connection.connection_pool,
-                                    [calls[i] for i in indexes])
+        for node, indexes in by_node.values():  # a node that fails fails its calls only
+            got = self._pooled_many(
+                node.redis_connection.connection_pool, [calls[i] for i in indexes]
+            )
             for i, reply in zip(indexes, got, strict=True):
                 replies[i] = reply
         return replies
 
     @staticmethod
     def _pooled_many(pool: Any, calls: list[ScriptCall]) -> list[Any]:
-        conn = pool.get_connection()
+        try:
+            conn = pool.get_connection()
+        except redis.RedisError as exc:
+            return [exc] * len(calls)
         try:
             return exchange_many(conn, calls)
-        except BaseException:
+        except redis.RedisError as exc:
             conn.disconnect()  # answers may still be on their way: never reuse it
+            return [exc] * len(calls)
+        except BaseException:
+            conn.disconnect()
             raise
         finally:
             pool.release(conn)
