@@ -8,6 +8,7 @@ charts in the real Chromium and writes docs/img/dashboard-charts.png.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -395,18 +396,19 @@ def test_the_page_charts_the_history_updates_it_and_shades_a_pause(
         out = loop.call(FaultScript([throttled("30")]), route=ROUTE, deadline=1.0)
         assert out.status is Status.WAITING_FOR_CAPACITY
         page.wait_for_selector(f'{block}[data-pauses="1"][data-refusals="1"]', timeout=5_000)
-        # The band is drawn: the plot area holds the pause's red.
-        red = page.evaluate(
-            """(sel) => {
+        # The band is drawn: the plot area holds the pause's red (the canvas is painted
+        # after the attributes change: wait for the paint, not just the data).
+        count_red = """(sel) => {
               const c = document.querySelector(sel + ' .usage canvas');
               const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
               let n = 0;
               for (let i = 0; i < d.length; i += 4)
                 if (d[i] > 200 && d[i + 1] < 235 && d[i + 2] < 235 && d[i] - d[i + 1] > 15) n++;
               return n;
-            }""",
-            block,
-        )
+            }"""
+        with contextlib.suppress(Exception):  # the assertion below reports what was drawn
+            page.wait_for_function(f"(sel) => ({count_red})(sel) > 50", arg=block, timeout=5_000)
+        red = page.evaluate(count_red, block)
         assert red > 50, "no pause band drawn"
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -32,6 +32,7 @@ from collections.abc import Generator
 from typing import Any, Literal, TypeVar, cast
 
 from rateloop._clock import Clock, system_clock
+from rateloop._url import url_scheme
 from rateloop.admission.backends.memory import MemoryBackend
 from rateloop.admission.backends.protocol import Backend, BackendUnreachable
 from rateloop.admission.local import carry_ops, scaled_op
@@ -108,7 +109,7 @@ class BackendRunner:
             self.run,
             self.arun,
             self.run_many,
-            inline=getattr(self._backend, "url", "").startswith("memory:"),
+            inline=url_scheme(getattr(self._backend, "url", "")) == "memory",
         )
 
     @property
