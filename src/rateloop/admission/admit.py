@@ -31,13 +31,14 @@ from rateloop.admission.gcra import AIMD, pause_spread
 from rateloop.admission.known import KnownLimits
 from rateloop.admission.learning import LearnedOp
 from rateloop.admission.lease import Leases
-from rateloop.admission.plan import AdmitOp, AdmitResult, Check, ReturnOp, SettleOp
+from rateloop.admission.plan import AdmitOp, AdmitPlan, AdmitResult, Check, ReturnOp, SettleOp
 from rateloop.admission.renewal import Renewal, Renewals
 from rateloop.admission.reservation import (
     AdmissionRejected,
     AdmissionTimeout,
     Denied,
     Reservation,
+    denial_reason,
 )
 from rateloop.admission.runner import BackendRunner, Do, Done, Flow, Sleep
 from rateloop.admission.steps import Spawn
@@ -160,11 +161,9 @@ class Admissions:
         """Second half: interpret the backend's answer (an AdmitResult for the AdmitOp run)."""
         result: AdmitResult = done[0]
         ran: AdmitOp = done[1]
-        if result.refused:  # refusals this process may not know of yet, each in its scope
-            self._refusals.note(result.refused, done[2])
+        if result.refused or result.starts_in > 0.0:
+            self._heard(result, ran.plan, done[2])
         if result.granted:
-            if result.starts_in > 0.0 and not done[2]:  # a fallback must not overtake it
-                self._runner.booked_ahead(ran.plan.scopes, result.starts_in)
             return Reservation(
                 self, route, cost, ran.plan, ran.lease_id, result.now, done[2], result.starts_in
             )
@@ -238,11 +237,17 @@ class Admissions:
             raise
         result: AdmitResult = done[0]
         local: bool = done[2]
+        self._heard(result, renewal.op.plan, local)
+        renewals.renewed(renewal, result, local, sent)
+
+    def _heard(self, result: AdmitResult, plan: AdmitPlan, local: bool) -> None:
+        """What an admission's answer tells the process beyond the decision: refusals it
+        may not know of yet (each in its scope), and a start booked ahead on the shared
+        backend (a fallback must not overtake it)."""
         if result.refused:
             self._refusals.note(result.refused, local)
-        if result.granted and result.starts_in > 0.0 and not local:
-            self._runner.booked_ahead(renewal.op.plan.scopes, result.starts_in)
-        renewals.renewed(renewal, result, local, sent)
+        if result.starts_in > 0.0 and not local:
+            self._runner.booked_ahead(plan.scopes, result.starts_in)
 
     def returns(self) -> list[ReturnOp]:
         """What closing gives back of the leases (none without leases)."""
@@ -266,16 +271,13 @@ class Admissions:
         wait = result.wait
         if result.paused_reason is not None:
             wait += pause_spread(wait, self._rng.random())
-            reason = f"scope paused: {result.paused_reason}"
-        else:
-            reason = f"{dim.value if dim else 'capacity'} limit reached"
         # At least MIN_RETRY_AFTER: a wait of 0 or a few ulps (a level a rounding
         # error above its allowance) would have the caller ask again at the same instant.
         return Denied(
             retry_after=max(clamp_wait(wait) or 0.0, MIN_RETRY_AFTER),
             scope=scope,
             dimension=dim,
-            reason=reason,
+            reason=denial_reason(dim, result.paused_reason),
         )
 
     def reserve_flow(

@@ -77,7 +77,7 @@ from rateloop.admission.plan import (
     ReturnOp,
     SettleOp,
 )
-from rateloop.admission.reservation import Denied, Reservation, Settler
+from rateloop.admission.reservation import Denied, Reservation, Settler, denial_reason
 from rateloop.route import Cost, Route
 from rateloop.signal import Dimension
 
@@ -291,7 +291,7 @@ class Leases:
                     retry_after=max(got - now, 0.001),
                     scope=first.scope,
                     dimension=first.dimension,
-                    reason=f"{first.dimension.value} limit reached",
+                    reason=denial_reason(first.dimension),
                 )
         denied = slot.denied
         if (

@@ -11,7 +11,7 @@ call and at most 5 % of the allowance (the slice a nearly full bucket lends).
 A call that finds the current lease spent and the next one booked ahead is
 denied in the process until that start -- the scope has nothing for it
 before then -- and the first call after it grants from it.  A renewal the
-backend denies (nothing free within ``L``) is remembered as a denial for one
+backend denies (nothing free within ``2 L``) is remembered as a denial for one
 call, and the next renewal waits until a booking could land within ``2 L``.  So
 on a busy scope nearly every decision is taken in the process: a round trip
 on the caller's path is left for a plan's first call and for a call that
@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from rateloop.admission.lease import Lease, Leases
 from rateloop.admission.plan import AdmitOp, AdmitResult
-from rateloop.admission.reservation import Denied
+from rateloop.admission.reservation import Denied, denial_reason
 
 __all__ = ["RENEW_AHEAD", "RENEW_SLICE", "STALE_RENEWAL", "Renewal", "Renewals"]
 
@@ -148,11 +148,7 @@ class Renewals:
             if not answer.never_fits and one > 0:
                 scope = answer.scope or op.plan.checks[0].scope
                 dim = answer.dimension
-                reason = (
-                    f"scope paused: {answer.paused_reason}"
-                    if answer.paused_reason is not None
-                    else f"{dim.value if dim else 'capacity'} limit reached"
-                )
+                reason = denial_reason(dim, answer.paused_reason)
                 held = Denied(retry_after=one, scope=scope, dimension=dim, reason=reason)
                 slot.denied = (held, sent + one, renewal.amounts)
         slot.renewing = -math.inf

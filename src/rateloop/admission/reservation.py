@@ -40,7 +40,21 @@ from rateloop.outcome.record import Status
 from rateloop.route import Cost, Priority, Route
 from rateloop.signal import Dimension
 
-__all__ = ["AdmissionRejected", "AdmissionTimeout", "Denied", "Reservation", "Settler"]
+__all__ = [
+    "AdmissionRejected",
+    "AdmissionTimeout",
+    "Denied",
+    "Reservation",
+    "Settler",
+    "denial_reason",
+]
+
+
+def denial_reason(dimension: Dimension | None, paused_reason: str | None = None) -> str:
+    """A denial's reason in words: the pause in force, or the limit its dimension reached."""
+    if paused_reason is not None:
+        return f"scope paused: {paused_reason}"
+    return f"{dimension.value if dimension else 'capacity'} limit reached"
 
 
 class Settler(Protocol):
