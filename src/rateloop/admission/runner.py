@@ -422,14 +422,7 @@ class BackendRunner:
                 try:
                     step = flow.send(value) if error is None else flow.throw(error)
                     while not isinstance(step, Do) or step.local:  # rare: alone, at once
-                        if isinstance(step, Sleep):
-                            self._clock.sleep(step.seconds)
-                            step = flow.send(None)
-                        elif isinstance(step, Spawn):
-                            self.spawned.spawn(step.flow)
-                            step = flow.send(None)
-                        else:
-                            step = flow.send(self.execute(step.op, step.local, step.deadline))
+                        step = flow.send(self._perform(step))
                     batch.append((flow, step))
                 except StopIteration:
                     pass
@@ -455,12 +448,22 @@ class BackendRunner:
         out: list[Done | BaseException] = []
         for _, step in batch:
             try:
-                out.append(
-                    self.execute_shared(step.op) if step.shared else self.execute(step.op)
-                )
+                out.append(self._perform(step))
             except Exception as exc:
                 out.append(exc)
         return out
+
+    def _perform(self, step: Do | Sleep | Spawn) -> Any:
+        """One step, blocking: what :meth:`run` does with it, inline there for speed."""
+        if isinstance(step, Do):
+            if step.shared:
+                return self.execute_shared(step.op)
+            return self.execute(step.op, step.local, step.deadline)
+        if isinstance(step, Sleep):
+            self._clock.sleep(step.seconds)
+        else:
+            self.spawned.spawn(step.flow)
+        return None
 
     def settle(self, op: SettleOp, *, local: bool) -> float | None:
         """Settle on the backend that granted; returns the backend's time.
