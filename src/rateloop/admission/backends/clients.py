@@ -55,6 +55,10 @@ __all__ = [
     "exchange_many",
 ]
 
+#: A cluster's answers that a call goes elsewhere (its slot map is out of date, or the
+#: slot is moving): redis-py's cluster client follows them (MovedError is an AskError).
+_REROUTED = (AskError, TryAgainError, ClusterDownError)
+
 _HOW_TO_START = (
     "start Redis (e.g. `redis-server` or `docker run -d -p 6379:6379 redis:7`), "
     "or build the limiter with on_unreachable='local' to fall back to a per-process limiter"
@@ -273,10 +277,7 @@ class RedisClients:
         for call, answer in zip(calls, replies, strict=True):
             reply = answer
             if isinstance(answer, Exception):
-                routed = isinstance(answer, AskError | TryAgainError | ClusterDownError)
-                if not (routed or "MOVED" in str(answer)) or not isinstance(
-                    answer, redis.ResponseError
-                ):
+                if not isinstance(answer, _REROUTED):
                     out.append(self._error(answer))
                     continue
                 try:  # a cluster's map is out of date: redis-py's client follows it
@@ -371,7 +372,7 @@ class RedisClients:
             return self._cluster_routed(client, call)
         try:
             return exchange(conn, call.script, call.packed_command(), timeout)
-        except (AskError, TryAgainError, ClusterDownError, redis.ConnectionError):
+        except (*_REROUTED, redis.ConnectionError):
             return self._cluster_routed(client, call)
         finally:
             pool.release(conn)

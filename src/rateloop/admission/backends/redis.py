@@ -102,7 +102,7 @@ class RedisBackend:
         after the others, when it is sent again as ``EVAL``: give it independent ops
         (the lease renewals of different plans)."""
         encode, packed = self.codec.encode, self._packed
-        return list(self._clients.run_many([encode(op, packed) for op in ops]))
+        return self._clients.run_many([encode(op, packed) for op in ops])
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
         return await self._clients.arun(self.codec.encode(op, self._packed), timeout)
