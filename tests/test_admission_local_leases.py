@@ -34,6 +34,11 @@ TEN = {MODEL: LimitSpec(requests_per_minute=600, burst=1 / 60)}
 limiter = _limiters.limiter  # memory, then the real Redis (the conformance fixture)
 
 
+def is_renewal(op: object) -> bool:
+    """A bare admission booked ahead: a lease renewal (with leases on, nothing else is)."""
+    return type(op) is AdmitOp and op.book > 0
+
+
 class Counting:
     """A real MemoryBackend that counts the operations it runs, by type.
 
@@ -49,8 +54,7 @@ class Counting:
         self.ops: Counter[str] = Counter()
 
     def execute(self, op: object, *, timeout: float | None = None) -> object:
-        renewal = type(op) is AdmitOp and op.book > 0
-        self.ops["Renewal" if renewal else type(op).__name__] += 1
+        self.ops["Renewal" if is_renewal(op) else type(op).__name__] += 1
         return self.inner.execute(op)
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:

@@ -39,6 +39,7 @@ from test_admission_local_leases import (
     _plan,
     fleet,
     grants,
+    is_renewal,
 )
 from test_admission_stress_redis import max_window_excess
 
@@ -154,7 +155,7 @@ def test_renewals_ask_for_twice_what_the_process_used_up_to_five_percent() -> No
     inner = backend.execute
 
     def execute(op: object, *, timeout: float | None = None) -> object:
-        if type(op) is AdmitOp and op.book > 0:
+        if is_renewal(op):
             sizes.append(op.amounts[0])
         return inner(op)
 
@@ -233,14 +234,12 @@ class _Tally(RedisBackend):
         self.by: Counter[tuple[str, bool]] = Counter()
 
     def execute(self, op: object, *, timeout: float | None = None) -> object:
-        renewal = type(op) is AdmitOp and op.book > 0
-        self.by[(threading.current_thread().name, renewal)] += 1
+        self.by[(threading.current_thread().name, is_renewal(op))] += 1
         return super().execute(op, timeout=timeout)
 
     async def aexecute(self, op: object, *, timeout: float | None = None) -> object:
-        renewal = type(op) is AdmitOp and op.book > 0
         task = asyncio.current_task()
-        self.by[(task.get_name() if task else "-", renewal)] += 1
+        self.by[(task.get_name() if task else "-", is_renewal(op))] += 1
         return await super().aexecute(op, timeout=timeout)
 
 
